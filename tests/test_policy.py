@@ -1,0 +1,98 @@
+"""Policy parsing: defaults, every key, and errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from webhook.errors import PolicyError
+from webhook.policy import DEFAULT_POLICY, dump_policy, parse_policy, parse_policy_text
+
+
+def test_empty_document_is_the_defaults() -> None:
+    assert parse_policy_text("") == DEFAULT_POLICY
+    assert parse_policy_text("{}") == DEFAULT_POLICY
+
+
+def test_defaults_match_the_documented_ones() -> None:
+    doc = DEFAULT_POLICY.to_document()
+    assert doc["schedulerName"] == "gpushare-scheduler"
+    assert doc["resourceName"] == "aliyun.com/gpu-mem"
+    assert doc["memoryUnit"] == "GiB"
+    assert doc["gpuMemory"] == 16
+    assert doc["shim"] == {
+        "hostPath": "/usr/local/vgpu",
+        "mountPath": "/usr/local/vgpu",
+        "library": "libvgpu.so",
+    }
+    assert doc["env"]["memoryLimit"] == "CUDA_DEVICE_MEMORY_LIMIT"
+    assert doc["excludeNamespaces"] == ["kube-system"]
+    assert DEFAULT_POLICY.shim.preload == "/usr/local/vgpu/libvgpu.so"
+
+
+def test_dump_round_trips() -> None:
+    text = dump_policy(DEFAULT_POLICY)
+    assert parse_policy_text(text) == DEFAULT_POLICY
+    custom = parse_policy_text("memoryUnit: MiB\ngpuMemory: 24576\ncompute: {default: 25}\n")
+    assert parse_policy_text(dump_policy(custom)) == custom
+
+
+def test_every_key_is_read() -> None:
+    policy = parse_policy_text(
+        """
+schedulerName: my-scheduler
+resourceName: example.com/gpu-memory
+memoryUnit: MiB
+gpuMemory: 81920
+shim: {hostPath: /opt/shim, mountPath: /shim, library: libcap.so}
+env: {memoryLimit: MEM_LIMIT, smLimit: SM_LIMIT}
+compute: {resourceName: example.com/gpu-core, default: proportional}
+multiGpu: {resourceName: example.com/gpu-count, memory: perDevice, maxGpus: 4}
+excludeNamespaces: [kube-system, monitoring]
+"""
+    )
+    assert policy.scheduler_name == "my-scheduler"
+    assert policy.memory_unit == "MiB"
+    assert policy.mib_per_unit == 1
+    assert policy.shim.preload == "/shim/libcap.so"
+    assert policy.env.sm_limit == "SM_LIMIT"
+    assert policy.compute.default == "proportional"
+    assert policy.multi_gpu.max_gpus == 4
+    assert policy.exclude_namespaces == ("kube-system", "monitoring")
+
+
+ERRORS = [
+    ("schedulerNam: x", "'schedulerNam' is not known"),
+    ("shim: {libary: x.so}", "'shim.libary' is not known; allowed keys here: hostPath"),
+    ("memoryUnit: GB", "'memoryUnit': 'GB' is not allowed; use one of GiB, MiB"),
+    ("gpuMemory: 0", "'gpuMemory': expected a positive whole number"),
+    ("gpuMemory: '16'", "'gpuMemory': expected a positive whole number"),
+    ("gpuMemory: true", "'gpuMemory': expected a positive whole number"),
+    ("gpuMemory: 1.5", "'gpuMemory': expected a positive whole number"),
+    ("shim: /usr/local", "'shim': expected a mapping"),
+    ("shim: {hostPath: relative/dir}", "'shim.hostPath': 'relative/dir' must be an absolute path"),
+    ("shim: {mountPath: /a/../b}", "must be an absolute path without '..'"),
+    ("shim: {library: lib/x.so}", "'shim.library'"),
+    ("env: {memoryLimit: 'BAD-NAME'}", "'env.memoryLimit': 'BAD-NAME' is not valid"),
+    ("env: {memoryLimit: LD_PRELOAD}", "neither of them LD_PRELOAD"),
+    ("excludeNamespaces: kube-system", "'excludeNamespaces': expected a list"),
+    ("excludeNamespaces: [Kube_System]", "'excludeNamespaces[0]'"),
+    ("compute: {default: 0}", "'compute.default'"),
+    ("compute: {default: half}", "use none, proportional"),
+    ("multiGpu: {memory: each}", "use one of total, perDevice"),
+    ("resourceName: aliyun.com/gpu-count", "three different resources"),
+    ("- a\n- b", "must be a YAML mapping"),
+    ("schedulerName: [unclosed", "not valid YAML at line 1"),
+    ("key: value\n  bad: indent", "not valid YAML at line 2"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), ERRORS, ids=[e[0][:30] for e in ERRORS])
+def test_errors_name_the_key(text: str, message: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        parse_policy_text(text, source="policy.yaml")
+    assert message in str(caught.value)
+    assert str(caught.value).startswith("policy.yaml: ")
+
+
+def test_parse_policy_none_is_defaults() -> None:
+    assert parse_policy(None) is DEFAULT_POLICY

@@ -1,0 +1,127 @@
+"""How big the cluster's GPUs are, as far as one pod is concerned.
+
+Owns the pure rule "which GPU size bounds this pod": the policy's
+``gpuMemory`` when nothing better is known, else the largest single GPU among
+the known GPU nodes, narrowed to the nodes the pod's nodeSelector and
+required node affinity allow. Knows nothing of how nodes are found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.policy import Policy
+
+
+@dataclass(frozen=True)
+class GpuNode:
+    """A node's GPUs as the GPU-share device plugin reports them."""
+
+    name: str
+    gpu_memory: int  # memory of one GPU, in the policy's memory unit
+    gpu_count: int
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GpuLimits:
+    """The bounds a pod is checked against, with words saying where they came from."""
+
+    largest_gpu: int
+    max_gpus: int
+    source: str
+    nodes_with_largest: int | None = None
+    gpus_source: str = "policy multiGpu.maxGpus"
+
+    def describe(self, unit: str) -> str:
+        where = self.source
+        if self.nodes_with_largest is not None:
+            plural = "s" if self.nodes_with_largest != 1 else ""
+            where = f"{self.nodes_with_largest} node{plural} of {self.source}"
+        return f"the largest GPU has {self.largest_gpu} {unit} ({where})"
+
+
+def limits_from_policy(policy: Policy) -> GpuLimits:
+    return GpuLimits(
+        largest_gpu=policy.gpu_memory,
+        max_gpus=policy.multi_gpu.max_gpus,
+        source="policy gpuMemory",
+    )
+
+
+def limits_for(
+    spec: Mapping[str, Any], policy: Policy, nodes: Sequence[GpuNode] | None
+) -> GpuLimits:
+    """The bounds for a pod with this spec, given the known GPU nodes (None: unknown)."""
+    if not nodes:
+        return limits_from_policy(policy)
+    allowed = [node for node in nodes if _node_allowed(spec, node.labels)]
+    source = "the cluster's GPU nodes"
+    if len(allowed) != len(nodes):
+        source = "the GPU nodes this pod's node selector allows"
+    if not allowed:
+        return GpuLimits(
+            largest_gpu=0, max_gpus=0, source=source, nodes_with_largest=0, gpus_source=source
+        )
+    largest = max(node.gpu_memory for node in allowed)
+    return GpuLimits(
+        largest_gpu=largest,
+        max_gpus=max(node.gpu_count for node in allowed),
+        source=source,
+        nodes_with_largest=sum(1 for node in allowed if node.gpu_memory == largest),
+        gpus_source=source,
+    )
+
+
+def _node_allowed(spec: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, Mapping) and any(labels.get(k) != v for k, v in selector.items()):
+        return False
+    terms = _required_terms(spec)
+    # Kubernetes ORs the terms and ANDs the expressions inside one term.
+    return terms is None or any(_term_matches(term, labels) for term in terms)
+
+
+def _required_terms(spec: Mapping[str, Any]) -> list[Any] | None:
+    affinity = spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = (
+        node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if isinstance(node_affinity, Mapping)
+        else None
+    )
+    terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+    return terms if isinstance(terms, list) and terms else None
+
+
+def _term_matches(term: Any, labels: Mapping[str, str]) -> bool:
+    if not isinstance(term, Mapping):
+        return True
+    expressions = term.get("matchExpressions") or []
+    if not isinstance(expressions, list):
+        return True
+    for expression in expressions:
+        if not isinstance(expression, Mapping):
+            continue
+        key, op = expression.get("key"), expression.get("operator")
+        values = expression.get("values") or []
+        present = key in labels
+        value = labels.get(str(key))
+        if op == "In" and value not in values:
+            return False
+        if op == "NotIn" and value in values:
+            return False
+        if op == "Exists" and not present:
+            return False
+        if op == "DoesNotExist" and present:
+            return False
+        if op in ("Gt", "Lt"):
+            try:
+                number, bound = int(value or ""), int(values[0])
+            except (ValueError, IndexError, TypeError):
+                return False
+            if (op == "Gt" and not number > bound) or (op == "Lt" and not number < bound):
+                return False
+    return True

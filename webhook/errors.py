@@ -1,0 +1,86 @@
+"""Every error the webhook raises on purpose, in one place.
+
+The hierarchy::
+
+    WebhookError                 anything the project raises deliberately
+    ├── PolicyError              a policy document is invalid (names the key)
+    ├── ReviewError              an HTTP body is not an AdmissionReview (HTTP 400)
+    ├── PodError                 a pod cannot be admitted (allowed: false)
+    │   ├── QuantityError        a resource quantity is malformed or out of range
+    │   └── ShapeError           a field of the object has the wrong JSON type
+    ├── InputError               the offline CLI cannot read its input (exit 2)
+    └── CertificateError         a certificate or key is missing, expired or mismatched
+
+Messages are written for the person who will read them in ``kubectl`` output
+or a log line: they name the object, the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+
+class WebhookError(Exception):
+    """Base of every deliberate error of gpushare-webhook."""
+
+
+class PolicyError(WebhookError):
+    """The policy document is invalid; the message names the key and what is allowed."""
+
+
+class ReviewError(WebhookError):
+    """The request body is not a usable AdmissionReview: answered with HTTP 400."""
+
+
+class PodError(WebhookError):
+    """The pod cannot be admitted as it is; the message says why and what to change.
+
+    ``reason`` is a short, stable machine-readable label used for metrics and
+    audit annotations (for example ``"exceeds-gpu"``).
+    """
+
+    def __init__(self, message: str, *, reason: str, code: int = 403) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.code = code
+
+
+class QuantityError(PodError):
+    """A GPU resource quantity is malformed, fractional, non-positive or mistyped."""
+
+    def __init__(self, message: str, *, reason: str = "bad-quantity") -> None:
+        super().__init__(message, reason=reason, code=403)
+
+
+class ShapeError(PodError):
+    """A field of the submitted object has the wrong JSON type."""
+
+    def __init__(self, path: str, expected: str, got: object) -> None:
+        super().__init__(
+            f"{path}: expected {expected}, got {_json_type(got)}",
+            reason="malformed-object",
+            code=400,
+        )
+        self.path = path
+
+
+class InputError(WebhookError):
+    """The offline CLI cannot read or parse its input."""
+
+
+class CertificateError(WebhookError):
+    """A certificate or key file is missing, unreadable, expired or does not match."""
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
