@@ -1,0 +1,73 @@
+"""Builders shared by the tests: pods, AdmissionReviews and patch application."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from typing import Any
+
+import jsonpatch
+
+GPU = "aliyun.com/gpu-mem"
+
+
+def container(name: str = "main", gpu: Any = None, **extra: Any) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "image": "nvcr.io/nvidia/pytorch:24.05-py3"}
+    if gpu is not None:
+        c["resources"] = {"limits": {GPU: gpu}}
+    c.update(extra)
+    return c
+
+
+def pod(
+    *containers: dict[str, Any], init: list[dict[str, Any]] | None = None, **spec: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"containers": list(containers) or [container(gpu="4")]}
+    if init:
+        body["initContainers"] = init
+    body.update(spec)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "train", "namespace": "team-a"},
+        "spec": body,
+    }
+
+
+def review(
+    obj: Any,
+    *,
+    uid: str = "7f0d2c4e-1b7a-4c55-9a8e-3f1f9d2b6a01",
+    operation: str = "CREATE",
+    namespace: str = "team-a",
+    version: str = "v1",
+    kind: str = "Pod",
+    group: str = "",
+) -> dict[str, Any]:
+    return {
+        "apiVersion": f"admission.k8s.io/{version}",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": group, "version": "v1", "kind": kind},
+            "resource": {"group": group, "version": "v1", "resource": kind.lower() + "s"},
+            "namespace": namespace,
+            "operation": operation,
+            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+            "object": obj,
+            "oldObject": None,
+            "dryRun": False,
+        },
+    }
+
+
+def decode_patch(response: dict[str, Any]) -> list[dict[str, Any]]:
+    if "patch" not in response:
+        return []
+    assert response["patchType"] == "JSONPatch"
+    return json.loads(base64.b64decode(response["patch"]))  # type: ignore[no-any-return]
+
+
+def apply(obj: Any, ops: list[dict[str, Any]]) -> Any:
+    return jsonpatch.apply_patch(copy.deepcopy(obj), ops)

@@ -1,0 +1,313 @@
+"""The decision, rule by rule, on pods built in code (the goldens cover whole reviews)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.helpers import GPU, apply, container, pod
+from webhook.capacity import GpuNode, limits_for
+from webhook.planning import STATUS_ANNOTATION, Decision, is_gpu_pod, plan
+from webhook.policy import DEFAULT_POLICY, parse_policy_text
+
+
+def decide(obj: Any, **kwargs: Any) -> Decision:
+    return plan(obj, DEFAULT_POLICY, namespace="team-a", **kwargs)
+
+
+def mutated(obj: Any) -> Any:
+    decision = decide(obj)
+    assert decision.allowed, decision.message
+    return apply(obj, list(decision.patch))
+
+
+def env_of(obj: Any, index: int = 0, kind: str = "containers") -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in obj["spec"][kind][index].get("env", [])}
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        (pod(container(gpu="1")), True),
+        (pod(container("web")), False),
+        (pod(container("web"), init=[container("i", gpu="1")]), True),
+        (pod(container(resources={"requests": {GPU: "1"}})), True),
+        (pod(container(resources={"limits": {"nvidia.com/gpu": "1"}})), False),
+        ({"spec": "oops"}, False),
+        ({"spec": {"containers": [None, {"resources": "x"}]}}, False),
+    ],
+    ids=["limit", "none", "init", "request-only", "other-resource", "bad-spec", "bad-containers"],
+)
+def test_is_gpu_pod(obj: Any, expected: bool) -> None:
+    assert is_gpu_pod(obj, DEFAULT_POLICY) is expected
+
+
+PRELOADS = [
+    (None, "/usr/local/vgpu/libvgpu.so"),
+    ("", "/usr/local/vgpu/libvgpu.so"),
+    ("/opt/a.so", "/usr/local/vgpu/libvgpu.so:/opt/a.so"),
+    ("/opt/a.so /opt/b.so", "/usr/local/vgpu/libvgpu.so:/opt/a.so:/opt/b.so"),
+    ("/opt/a.so:/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so:/opt/a.so"),
+    ("/usr/local/vgpu/libvgpu.so:/opt/a.so", "/usr/local/vgpu/libvgpu.so:/opt/a.so"),
+]
+
+
+@pytest.mark.parametrize(("user", "expected"), PRELOADS, ids=[str(p[0]) for p in PRELOADS])
+def test_shim_is_preloaded_first(user: str | None, expected: str) -> None:
+    env = [] if user is None else [{"name": "LD_PRELOAD", "value": user}]
+    out = mutated(pod(container(gpu="2", env=env)))
+    assert env_of(out)["LD_PRELOAD"] == expected
+    assert env_of(out)["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"
+
+
+def test_last_preload_entry_wins_like_the_kubelet() -> None:
+    env = [{"name": "LD_PRELOAD", "value": "/a.so"}, {"name": "LD_PRELOAD", "value": "/b.so"}]
+    out = mutated(pod(container(gpu="1", env=env)))
+    entries = [e for e in out["spec"]["containers"][0]["env"] if e["name"] == "LD_PRELOAD"]
+    assert entries == [{"name": "LD_PRELOAD", "value": "/usr/local/vgpu/libvgpu.so:/b.so"}]
+
+
+def test_each_container_gets_its_own_limit_and_others_are_untouched() -> None:
+    obj = pod(container("a", gpu="3"), container("web"), container("b", gpu="5"))
+    out = mutated(obj)
+    assert env_of(out, 0)["CUDA_DEVICE_MEMORY_LIMIT"] == "3072m"
+    assert env_of(out, 2)["CUDA_DEVICE_MEMORY_LIMIT"] == "5120m"
+    assert out["spec"]["containers"][1] == obj["spec"]["containers"][1]
+    for index in (0, 2):
+        mounts = out["spec"]["containers"][index]["volumeMounts"]
+        assert {"name": "gpushare-shim", "mountPath": "/usr/local/vgpu", "readOnly": True} in mounts
+    assert out["spec"]["schedulerName"] == "gpushare-scheduler"
+    assert STATUS_ANNOTATION in out["metadata"]["annotations"]
+
+
+def test_limit_from_value_from_is_overridden_with_a_warning() -> None:
+    env = [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]
+    decision = decide(pod(container(gpu="1", env=env)))
+    assert decision.allowed
+    assert any("(valueFrom)" in w for w in decision.warnings)
+    out = apply(pod(container(gpu="1", env=env)), list(decision.patch))
+    assert out["spec"]["containers"][0]["env"][0] == {
+        "name": "CUDA_DEVICE_MEMORY_LIMIT",
+        "value": "1024m",
+    }
+
+
+def test_shim_mount_that_is_writable_is_made_read_only() -> None:
+    mounts = [{"name": "gpushare-shim", "mountPath": "/usr/local/vgpu", "readOnly": False}]
+    out = mutated(
+        pod(
+            container(gpu="1", volumeMounts=mounts),
+            volumes=[
+                {
+                    "name": "gpushare-shim",
+                    "hostPath": {"path": "/usr/local/vgpu", "type": "Directory"},
+                }
+            ],
+        )
+    )
+    assert out["spec"]["containers"][0]["volumeMounts"] == [{**mounts[0], "readOnly": True}]
+
+
+@pytest.mark.parametrize(
+    ("obj", "reason"),
+    [
+        (
+            pod(
+                container(
+                    gpu="1",
+                    volumeMounts=[
+                        {"name": "x", "mountPath": "/usr/local/vgpu/libvgpu.so", "subPath": "f"}
+                    ],
+                )
+            ),
+            "shim-mount",
+        ),
+        (
+            pod(container(gpu="1", volumeMounts=[{"name": "gpushare-shim", "mountPath": "/rw"}])),
+            "shim-mount",
+        ),
+        (
+            pod(container(gpu="1"), volumes=[{"name": "h", "hostPath": {"path": "/usr/local"}}]),
+            "shim-host-path",
+        ),
+        (
+            pod(
+                container(gpu="1"),
+                volumes=[{"name": "h", "hostPath": {"path": "/usr/local/vgpu/"}}],
+            ),
+            "shim-host-path",
+        ),
+        (pod(container(gpu="1", env="A=B")), "malformed-object"),
+        (pod(container(gpu="1", env=[{"value": "x"}])), "malformed-object"),
+        (pod(container(gpu="1", volumeMounts={"a": 1})), "malformed-object"),
+        (pod(container(gpu="1"), volumes=["x"]), "malformed-object"),
+        (
+            pod(container(gpu="1", resources={"limits": {GPU: "1"}, "requests": ["x"]})),
+            "malformed-object",
+        ),
+        (
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"annotations": []},
+                "spec": {"containers": [container(gpu="1")]},
+            },
+            "malformed-object",
+        ),
+        ("not a pod", "malformed-object"),
+    ],
+    ids=[
+        "file-over-shim",
+        "shim-volume-elsewhere",
+        "host-parent",
+        "host-same",
+        "env-string",
+        "env-no-name",
+        "mounts-dict",
+        "volume-string",
+        "requests-list",
+        "annotations-list",
+        "string",
+    ],
+)
+def test_rejections(obj: Any, reason: str) -> None:
+    decision = decide(obj)
+    assert not decision.allowed
+    assert decision.reason == reason, decision.message
+    assert decision.message
+
+
+def test_shape_errors_are_400_and_name_the_field() -> None:
+    decision = decide(pod(container(gpu="1", env="A=B")))
+    assert decision.code == 400
+    assert "env" in decision.message
+    assert "expected a list" in decision.message
+
+
+def test_demand_is_max_of_app_sum_and_largest_init() -> None:
+    assert (
+        decide(
+            pod(container("a", gpu="4"), container("b", gpu="6"), init=[container("i", gpu="8")])
+        ).demand
+        == 10
+    )
+    assert decide(pod(container("a", gpu="4"), init=[container("i", gpu="12")])).demand == 12
+    assert decide(pod(container("a", gpu="16"))).allowed
+    assert not decide(pod(container("a", gpu="16"), container("b", gpu="1"))).allowed
+
+
+def test_excluded_namespace_is_untouched() -> None:
+    decision = plan(pod(container(gpu="99")), DEFAULT_POLICY, namespace="kube-system")
+    assert decision.outcome == "untouched"
+    assert decision.reason == "excluded-namespace"
+
+
+NODES = [
+    GpuNode("a100-1", 80, 8, {"pool": "a100"}),
+    GpuNode("a100-2", 80, 8, {"pool": "a100"}),
+    GpuNode("t4-1", 16, 4, {"pool": "t4", "zone": "z1"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "largest", "count", "gpus"),
+    [
+        ({}, 80, 2, 8),
+        ({"nodeSelector": {"pool": "t4"}}, 16, 1, 4),
+        ({"nodeSelector": {"pool": "v100"}}, 0, 0, 0),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {"key": "pool", "operator": "In", "values": ["t4"]}
+                                    ]
+                                }
+                            ]
+                        }
+                    }
+                }
+            },
+            16,
+            1,
+            4,
+        ),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "zone", "operator": "DoesNotExist"}]}
+                            ]
+                        }
+                    }
+                }
+            },
+            80,
+            2,
+            8,
+        ),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {"key": "pool", "operator": "NotIn", "values": ["a100"]}
+                                    ]
+                                }
+                            ]
+                        }
+                    }
+                }
+            },
+            16,
+            1,
+            4,
+        ),
+    ],
+    ids=[
+        "all",
+        "selector",
+        "no-match",
+        "affinity-in",
+        "affinity-does-not-exist",
+        "affinity-not-in",
+    ],
+)
+def test_limits_follow_node_selection(
+    spec: dict[str, Any], largest: int, count: int, gpus: int
+) -> None:
+    limits = limits_for(spec, DEFAULT_POLICY, NODES)
+    assert (limits.largest_gpu, limits.nodes_with_largest, limits.max_gpus) == (
+        largest,
+        count,
+        gpus,
+    )
+
+
+def test_cluster_limits_reach_the_message() -> None:
+    obj = pod(container(gpu="24"), nodeSelector={"pool": "t4"})
+    decision = decide(obj, limits=limits_for(obj["spec"], DEFAULT_POLICY, NODES))
+    assert not decision.allowed
+    assert "16 GiB (1 node of the GPU nodes this pod's node selector allows)" in decision.message
+    big = pod(container(gpu="24"))
+    assert decide(big, limits=limits_for(big["spec"], DEFAULT_POLICY, NODES)).allowed
+
+
+def test_proportional_compute_uses_the_largest_gpu() -> None:
+    policy = parse_policy_text("compute: {default: proportional}")
+    obj = pod(container(gpu="5"))
+    out = apply(obj, list(plan(obj, policy).patch))
+    assert env_of(out)["CUDA_DEVICE_SM_LIMIT"] == "32"  # 5/16 rounded up
+    fixed = parse_policy_text("compute: {default: 20}")
+    out = apply(obj, list(plan(obj, fixed).patch))
+    assert env_of(out)["CUDA_DEVICE_SM_LIMIT"] == "20"
+    assert "CUDA_DEVICE_SM_LIMIT" not in env_of(apply(obj, list(plan(obj, DEFAULT_POLICY).patch)))

@@ -1,0 +1,531 @@
+"""The decision: what to do with one pod, as a pure function of (pod, policy, limits).
+
+Owns the rules of gpushare-webhook — which pods are GPU-memory pods, what
+they may ask, and the JSON Patch that schedules, preloads and confines them.
+It never reads files, the clock, the network or an HTTP request; the
+callers (``admission`` for the webhook, ``workloads`` for the offline CLI)
+hand it a pod and get back a :class:`Decision`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from webhook import patching
+from webhook.capacity import GpuLimits, limits_from_policy
+from webhook.errors import PodError, QuantityError, ShapeError
+from webhook.patching import Op
+from webhook.policy import Policy
+from webhook.quantities import parse_quantity, whole_count
+
+VOLUME_NAME = "gpushare-shim"
+STATUS_ANNOTATION = "gpushare-webhook.io/status"
+DEFAULT_SCHEDULER = "default-scheduler"
+PRELOAD = "LD_PRELOAD"
+CONTAINER_KINDS = ("initContainers", "containers")
+
+Outcome = Literal["untouched", "mutated", "unchanged", "rejected"]
+
+
+@dataclass(frozen=True)
+class ContainerAsk:
+    """What one container asked for, already validated."""
+
+    kind: str  # "containers" or "initContainers"
+    index: int
+    name: str
+    memory: int  # GPU memory per device, in the policy's unit
+    gpus: int
+    compute: int | None  # SM percentage to enforce, None for no limit
+
+    @property
+    def label(self) -> str:
+        word = "init container" if self.kind == "initContainers" else "container"
+        return f"{word} {self.name!r}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the webhook answers for one pod."""
+
+    outcome: Outcome
+    reason: str
+    message: str = ""
+    code: int = 200
+    patch: tuple[Op, ...] = ()
+    warnings: tuple[str, ...] = ()
+    demand: int = 0  # GPU memory the pod holds on its GPU, in the policy's unit
+    asks: tuple[ContainerAsk, ...] = ()
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome != "rejected"
+
+
+def untouched(reason: str) -> Decision:
+    return Decision(outcome="untouched", reason=reason)
+
+
+def plan(
+    pod: object,
+    policy: Policy,
+    *,
+    namespace: str = "",
+    limits: GpuLimits | None = None,
+) -> Decision:
+    """Decide what to do with ``pod`` (a decoded Pod object) under ``policy``."""
+    try:
+        return _plan(pod, policy, namespace=namespace, limits=limits)
+    except PodError as error:
+        return Decision(
+            outcome="rejected", reason=error.reason, message=str(error), code=error.code
+        )
+
+
+def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
+    """True when any container or init container names the GPU-memory resource."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    for kind in CONTAINER_KINDS:
+        containers = spec.get(kind)
+        if not isinstance(containers, list):
+            continue
+        for container in containers:
+            resources = container.get("resources") if isinstance(container, Mapping) else None
+            if not isinstance(resources, Mapping):
+                continue
+            for section in ("limits", "requests"):
+                values = resources.get(section)
+                if isinstance(values, Mapping) and policy.resource_name in values:
+                    return True
+    return False
+
+
+def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | None) -> Decision:
+    if not isinstance(pod, Mapping):
+        raise ShapeError("object", "a Pod object", pod)
+    if not is_gpu_pod(pod, policy):
+        return untouched("no-gpu-request")
+    if namespace and namespace in policy.exclude_namespaces:
+        return untouched("excluded-namespace")
+    spec = _mapping(pod, "spec")
+    metadata = _mapping(pod, "metadata", optional=True)
+    limits = limits or limits_from_policy(policy)
+    _check_placement(spec, policy)
+    asks = _collect_asks(spec, policy, limits)
+    demand = _check_fit(asks, policy, limits)
+    warnings: list[str] = []
+    ops: list[Op] = []
+    ops += _scheduler_ops(spec, policy)
+    ops += _volume_ops(spec, policy)
+    for ask in asks:
+        container = spec[ask.kind][ask.index]
+        base = patching.pointer("spec", ask.kind, ask.index)
+        ops += _env_ops(container, base, ask, policy, warnings)
+        ops += _mount_ops(container, base, ask, policy)
+    ops += _annotation_ops(metadata, asks, policy, demand)
+    outcome: Outcome = "mutated" if ops else "unchanged"
+    return Decision(
+        outcome=outcome,
+        reason=outcome,
+        patch=tuple(ops),
+        warnings=tuple(warnings),
+        demand=demand,
+        asks=tuple(asks),
+    )
+
+
+# --- reading the pod -------------------------------------------------------
+
+
+def _mapping(parent: Mapping[str, Any], key: str, *, path: str = "", optional: bool = False) -> Any:
+    where = f"{path}.{key}" if path else key
+    value = parent.get(key)
+    if value is None and optional:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ShapeError(where, "an object", value)
+    return value
+
+
+def _list(parent: Mapping[str, Any], key: str, path: str) -> list[Any]:
+    value = parent.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ShapeError(f"{path}.{key}", "a list", value)
+    return value
+
+
+def _containers(spec: Mapping[str, Any]) -> list[tuple[str, int, Mapping[str, Any]]]:
+    found = []
+    for kind in CONTAINER_KINDS:
+        for index, container in enumerate(_list(spec, kind, "spec")):
+            if not isinstance(container, Mapping):
+                raise ShapeError(f"spec.{kind}[{index}]", "a container object", container)
+            found.append((kind, index, container))
+    return found
+
+
+# --- validating what was asked ---------------------------------------------
+
+
+def _check_placement(spec: Mapping[str, Any], policy: Policy) -> None:
+    node_name = spec.get("nodeName")
+    if node_name:
+        raise PodError(
+            f"spec.nodeName is set to {node_name!r}: a pod bound to a node skips "
+            f"{policy.scheduler_name}, so no GPU would be assigned to it; remove spec.nodeName "
+            "and use a nodeSelector or node affinity to choose the node",
+            reason="node-name",
+        )
+    scheduler = spec.get("schedulerName")
+    if scheduler not in (None, "", DEFAULT_SCHEDULER, policy.scheduler_name):
+        raise PodError(
+            f"spec.schedulerName is {scheduler!r}, but pods that ask for "
+            f"{policy.resource_name} must be placed by {policy.scheduler_name!r}, which "
+            "tracks GPU memory per card; remove spec.schedulerName or set it to "
+            f"{policy.scheduler_name!r}",
+            reason="scheduler-name",
+        )
+
+
+def _resource(container: Mapping[str, Any], path: str, label: str, resource: str) -> object | None:
+    """The limit of ``resource``, after checking requests agree with it."""
+    resources = container.get("resources")
+    if resources is None:
+        return None
+    if not isinstance(resources, Mapping):
+        raise ShapeError(f"{path}.resources", "an object", resources)
+    limits = _mapping(resources, "limits", path=f"{path}.resources", optional=True)
+    requests = _mapping(resources, "requests", path=f"{path}.resources", optional=True)
+    limit, request = limits.get(resource), requests.get(resource)
+    if request is not None and limit is None:
+        raise QuantityError(
+            f"{label} requests {resource}: {request!r} but sets no limit for it; extended "
+            f"resources must be set in resources.limits (requests may be left out): add "
+            f"limits.{resource}: {request!r}",
+            reason="request-without-limit",
+        )
+    if request is not None and limit is not None and not _same_quantity(request, limit):
+        raise QuantityError(
+            f"{label} requests {resource}: {request!r} but limits it to {limit!r}; extended "
+            "resources cannot be overcommitted, so requests must equal limits: set both to "
+            f"{limit!r} (or drop the request)",
+            reason="request-differs",
+        )
+    return limit  # type: ignore[no-any-return]
+
+
+def _same_quantity(a: object, b: object) -> bool:
+    try:
+        return parse_quantity(a).value == parse_quantity(b).value
+    except QuantityError:
+        return str(a) == str(b)  # the malformed one is reported when the limit is read
+
+
+def _collect_asks(spec: Mapping[str, Any], policy: Policy, limits: GpuLimits) -> list[ContainerAsk]:
+    asks = []
+    unit = policy.memory_unit
+    for kind, index, container in _containers(spec):
+        path = f"spec.{kind}[{index}]"
+        name = container.get("name")
+        label = f"{'init container' if kind == 'initContainers' else 'container'} {name!r}"
+        memory_raw = _resource(container, path, label, policy.resource_name)
+        compute_raw = _resource(container, path, label, policy.compute.resource_name)
+        count_raw = _resource(container, path, label, policy.multi_gpu.resource_name)
+        if memory_raw is None:
+            extra = policy.compute.resource_name if compute_raw is not None else None
+            extra = extra or (policy.multi_gpu.resource_name if count_raw is not None else None)
+            if extra:
+                raise QuantityError(
+                    f"{label} asks {extra} but no {policy.resource_name}; a GPU share needs "
+                    f"its memory too: add limits.{policy.resource_name}",
+                    reason="share-without-memory",
+                )
+            continue
+        memory = whole_count(
+            memory_raw,
+            what=f"{label} limit {policy.resource_name}",
+            unit_word=unit,
+            byte_unit=unit,
+        )
+        gpus = 1
+        if count_raw is not None:
+            gpus = whole_count(
+                count_raw, what=f"{label} limit {policy.multi_gpu.resource_name}", unit_word="GPUs"
+            )
+        memory = _per_device_memory(memory, gpus, label, policy)
+        compute = None
+        if compute_raw is not None:
+            compute = whole_count(
+                compute_raw,
+                what=f"{label} limit {policy.compute.resource_name}",
+                unit_word="percent",
+                maximum=100,
+            )
+        else:
+            compute = _default_compute(memory, policy, limits)
+        asks.append(ContainerAsk(kind, index, str(name), memory, gpus, compute))
+    return asks
+
+
+def _per_device_memory(memory: int, gpus: int, label: str, policy: Policy) -> int:
+    if gpus == 1 or policy.multi_gpu.memory == "perDevice":
+        return memory
+    if memory % gpus:
+        low = memory - memory % gpus
+        raise QuantityError(
+            f"{label} asks {memory} {policy.memory_unit} of {policy.resource_name} over {gpus} "
+            f"GPUs, which does not split evenly (each GPU gives the same share); ask a multiple "
+            f"of {gpus}, such as {low or gpus} or {low + gpus}",
+            reason="uneven-split",
+        )
+    return memory // gpus
+
+
+def _default_compute(memory: int, policy: Policy, limits: GpuLimits) -> int | None:
+    default = policy.compute.default
+    if default == "none":
+        return None
+    if default == "proportional":
+        largest = max(limits.largest_gpu, 1)
+        return min(100, max(1, -(-memory * 100 // largest)))
+    return default
+
+
+def _check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits) -> int:
+    unit = policy.memory_unit
+    bound = limits.describe(unit)
+    for ask in asks:
+        if ask.memory > limits.largest_gpu:
+            raise PodError(
+                f"{ask.label} asks {ask.memory} {unit} of {policy.resource_name} per GPU, but "
+                f"{bound}: the pod could never be scheduled; ask at most {limits.largest_gpu}",
+                reason="exceeds-gpu",
+            )
+        if ask.gpus > limits.max_gpus:
+            raise PodError(
+                f"{ask.label} asks {ask.gpus} GPUs, but the largest GPU node has "
+                f"{limits.max_gpus} ({limits.gpus_source}); ask at most {limits.max_gpus}",
+                reason="too-many-gpus",
+            )
+    # Init containers run one at a time before the app containers, which run
+    # together: the GPU must hold the larger of the two phases.
+    app = [ask for ask in asks if ask.kind == "containers"]
+    init = [ask for ask in asks if ask.kind == "initContainers"]
+    app_total = sum(ask.memory for ask in app)
+    demand = max(app_total, max((ask.memory for ask in init), default=0))
+    if demand > limits.largest_gpu:
+        parts = ", ".join(f"{ask.name}={ask.memory}" for ask in app)
+        raise PodError(
+            f"the pod's containers together ask {demand} {unit} of {policy.resource_name} "
+            f"({parts}), and they share one GPU, but {bound}; lower the requests or split the "
+            "pod so its containers fit one GPU",
+            reason="exceeds-gpu",
+        )
+    compute_total = sum(ask.compute or 0 for ask in app)
+    if compute_total > 100:
+        parts = ", ".join(f"{ask.name}={ask.compute}" for ask in app if ask.compute)
+        raise PodError(
+            f"the pod's containers together ask {compute_total}% of one GPU's compute "
+            f"({policy.compute.resource_name}: {parts}), more than the 100% a GPU has; lower "
+            "them so they add up to 100 or less",
+            reason="exceeds-compute",
+        )
+    return demand
+
+
+# --- building the patch ----------------------------------------------------
+
+
+def _scheduler_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
+    if spec.get("schedulerName") == policy.scheduler_name:
+        return []
+    return [patching.set_field(spec, "schedulerName", "/spec", policy.scheduler_name)]
+
+
+def _shim_volume(policy: Policy) -> dict[str, Any]:
+    return {"name": VOLUME_NAME, "hostPath": {"path": policy.shim.host_path, "type": "Directory"}}
+
+
+def _volume_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
+    wanted = _shim_volume(policy)
+    volumes = _list(spec, "volumes", "spec")
+    for index, volume in enumerate(volumes):
+        if not isinstance(volume, Mapping):
+            raise ShapeError(f"spec.volumes[{index}]", "a volume object", volume)
+        if volume.get("name") == VOLUME_NAME:
+            if volume == wanted:
+                return []
+            raise PodError(
+                f"spec.volumes[{index}] is named {VOLUME_NAME!r}, a name the webhook reserves for "
+                "the GPU shim; rename the volume",
+                reason="reserved-volume",
+            )
+        host = volume.get("hostPath")
+        if isinstance(host, Mapping) and _overlaps(
+            str(host.get("path", "")), policy.shim.host_path
+        ):
+            raise PodError(
+                f"spec.volumes[{index}] ({volume.get('name')!r}) mounts host path "
+                f"{host.get('path')!r}, which holds the GPU shim; a GPU pod may not mount it "
+                "itself: remove the volume",
+                reason="shim-host-path",
+            )
+    if "volumes" not in spec or spec.get("volumes") is None:
+        return [patching.set_field(spec, "volumes", "/spec", [wanted])]
+    return [patching.add("/spec/volumes/-", wanted)]
+
+
+def _overlaps(path: str, other: str) -> bool:
+    a, b = path.rstrip("/") + "/", other.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
+
+
+def _mount_ops(
+    container: Mapping[str, Any], base: str, ask: ContainerAsk, policy: Policy
+) -> list[Op]:
+    wanted = {"name": VOLUME_NAME, "mountPath": policy.shim.mount_path, "readOnly": True}
+    mounts = _list(container, "volumeMounts", base)
+    shim_dir = policy.shim.mount_path.rstrip("/") + "/"
+    ours: int | None = None
+    for index, mount in enumerate(mounts):
+        if not isinstance(mount, Mapping):
+            raise ShapeError(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
+        path = str(mount.get("mountPath", "")).rstrip("/") + "/"
+        name = mount.get("name")
+        if name == VOLUME_NAME and path == shim_dir and ours is None:
+            ours = index
+        elif name == VOLUME_NAME:
+            raise PodError(
+                f"{ask.label} mounts the webhook's volume {VOLUME_NAME!r} at "
+                f"{mount.get('mountPath')!r}; the shim may only be mounted read-only at "
+                f"{policy.shim.mount_path}: remove that mount",
+                reason="shim-mount",
+            )
+        elif path.startswith(shim_dir):
+            raise PodError(
+                f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
+                "webhook mounts the GPU shim; it would replace the shim and escape its limit: "
+                f"mount it somewhere outside {policy.shim.mount_path}",
+                reason="shim-mount",
+            )
+    if ours is not None:
+        if mounts[ours] == wanted:
+            return []
+        return [patching.replace(f"{base}/volumeMounts/{ours}", wanted)]
+    if container.get("volumeMounts") is None:
+        return [patching.set_field(container, "volumeMounts", base, [wanted])]
+    return [patching.add(f"{base}/volumeMounts/-", wanted)]
+
+
+def _limit_env(ask: ContainerAsk, policy: Policy) -> dict[str, str]:
+    mib = f"{ask.memory * policy.mib_per_unit}m"
+    wanted = {policy.env.memory_limit: mib}
+    if ask.gpus > 1:
+        # HAMi-core reads one limit per visible device, index by index.
+        for device in range(ask.gpus):
+            wanted[f"{policy.env.memory_limit}_{device}"] = mib
+    if ask.compute is not None:
+        wanted[policy.env.sm_limit] = str(ask.compute)
+    return wanted
+
+
+def _env_ops(
+    container: Mapping[str, Any], base: str, ask: ContainerAsk, policy: Policy, warnings: list[str]
+) -> list[Op]:
+    env = _list(container, "env", base)
+    wanted = _limit_env(ask, policy)
+    shadow = re.compile(
+        rf"({re.escape(policy.env.memory_limit)}|{re.escape(policy.env.sm_limit)})_\d+"
+    )
+    preload_value = _user_preload(env, ask)
+    new_env: list[Any] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(env):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            raise ShapeError(f"{ask.label} env[{index}]", "an object with a string name", entry)
+        name = entry["name"]
+        if name in wanted or name == PRELOAD:
+            if name in seen:
+                # A later duplicate would win over ours: the kubelet keeps the last one.
+                warnings.append(f"{ask.label}: removed a second {name} entry")
+                continue
+            seen.add(name)
+            value = wanted[name] if name in wanted else _preload(preload_value, policy)
+            if name in wanted and (entry.get("value") != value or "valueFrom" in entry):
+                warnings.append(
+                    f"{ask.label}: {name} was set to {entry.get('value', '(valueFrom)')!r}; "
+                    f"the webhook set it to {value!r}, what the container asked for"
+                )
+            new_env.append({"name": name, "value": value})
+        elif shadow.fullmatch(name):
+            warnings.append(
+                f"{ask.label}: removed {name}, which would override the limit the webhook sets"
+            )
+        else:
+            new_env.append(entry)
+    for name, value in wanted.items():
+        if name not in seen:
+            new_env.append({"name": name, "value": value})
+    if PRELOAD not in seen:
+        new_env.append({"name": PRELOAD, "value": _preload(preload_value, policy)})
+    if new_env == env:
+        return []
+    return [patching.set_field(container, "env", base, new_env)]
+
+
+def _user_preload(env: list[Any], ask: ContainerAsk) -> str:
+    value = ""
+    for entry in env:
+        if isinstance(entry, Mapping) and entry.get("name") == PRELOAD:
+            if "valueFrom" in entry:
+                raise PodError(
+                    f"{ask.label} sets {PRELOAD} with valueFrom; the webhook must know its value "
+                    "to put the GPU shim first: set it with a plain value",
+                    reason="preload-value-from",
+                )
+            value = str(entry.get("value") or "")  # the last entry wins, as in the kubelet
+    return value
+
+
+def _preload(user_value: str, policy: Policy) -> str:
+    shim = policy.shim.preload
+    # ld.so splits LD_PRELOAD on spaces and colons alike.
+    others = [item for item in re.split(r"[:\s]+", user_value) if item and item != shim]
+    return ":".join([shim, *others])
+
+
+def _annotation_ops(
+    metadata: Mapping[str, Any], asks: list[ContainerAsk], policy: Policy, demand: int
+) -> list[Op]:
+    record: dict[str, Any] = {
+        "scheduler": policy.scheduler_name,
+        "shim": policy.shim.preload,
+        "demand": f"{demand}{policy.memory_unit}",
+        "containers": {
+            ask.name: {
+                "memory": f"{ask.memory * policy.mib_per_unit}m",
+                **({"gpus": ask.gpus} if ask.gpus > 1 else {}),
+                **({"compute": ask.compute} if ask.compute is not None else {}),
+            }
+            for ask in asks
+        },
+    }
+    value = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    annotations = metadata.get("annotations")
+    if annotations is None:
+        if not metadata:
+            return [patching.add("/metadata", {"annotations": {STATUS_ANNOTATION: value}})]
+        return [patching.add("/metadata/annotations", {STATUS_ANNOTATION: value})]
+    if not isinstance(annotations, Mapping):
+        raise ShapeError("metadata.annotations", "an object", annotations)
+    if annotations.get(STATUS_ANNOTATION) == value:
+        return []
+    return [patching.set_field(annotations, STATUS_ANNOTATION, "/metadata/annotations", value)]
