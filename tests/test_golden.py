@@ -1,0 +1,77 @@
+"""Golden AdmissionReviews: every tests/golden/<case>/ is a request and its expected answer.
+
+Each case holds ``request.json`` (an AdmissionReview as the apiserver sends
+it), ``response.json`` (the expected answer, with the base64 patch decoded
+into its operations so a reviewer can read it) and, optionally,
+``policy.yaml``. A mutated pod is fed back to prove the webhook is a fixed
+point of itself. ``GOLDEN_UPDATE=1 pytest tests/test_golden.py`` rewrites the
+expected answers; review the diff before committing it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import apply, decode_patch
+from webhook.admission import admit
+from webhook.policy import DEFAULT_POLICY, Policy, parse_policy_text
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("GOLDEN_UPDATE") == "1"
+CASE_FILES = {"request.json", "response.json", "policy.yaml"}
+CASES = sorted(path for path in GOLDEN.iterdir() if path.is_dir())
+
+
+def _policy(case: Path) -> Policy:
+    path = case / "policy.yaml"
+    return parse_policy_text(path.read_text()) if path.exists() else DEFAULT_POLICY
+
+
+def readable(body: dict[str, Any]) -> dict[str, Any]:
+    out = json.loads(json.dumps(body))
+    response = out.get("response", {})
+    if "patch" in response:
+        response["patch"] = decode_patch(response)
+    return out  # type: ignore[no-any-return]
+
+
+def test_every_golden_file_is_used() -> None:
+    stray = [
+        str(path.relative_to(GOLDEN))
+        for path in GOLDEN.rglob("*")
+        if path.is_file()
+        and path.name != "README.md"
+        and (path.parent == GOLDEN or path.name not in CASE_FILES)
+    ]
+    assert not stray, f"files no golden case reads: {stray}"
+    assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_golden(case: Path) -> None:
+    policy = _policy(case)
+    request = json.loads((case / "request.json").read_text())
+    result = admit(json.dumps(request).encode(), policy)
+    got = readable(dict(result.body))
+    expected_path = case / "response.json"
+    if UPDATE:
+        expected_path.write_text(json.dumps(got, indent=2, ensure_ascii=False) + "\n")
+    assert expected_path.exists(), f"{case.name}: no response.json (run with GOLDEN_UPDATE=1)"
+    assert got == json.loads(expected_path.read_text())
+
+    response = result.body["response"]
+    assert response["uid"] == request["request"]["uid"]
+    assert result.body["apiVersion"] == request["apiVersion"]
+    ops = decode_patch(response)
+    if ops:
+        # Idempotence: the webhook's own output needs nothing more.
+        mutated = apply(request["request"]["object"], ops)
+        again = dict(request, request={**request["request"], "object": mutated})
+        second = admit(json.dumps(again).encode(), policy).body["response"]
+        assert second["allowed"] is True
+        assert "patch" not in second, decode_patch(second)

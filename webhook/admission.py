@@ -1,0 +1,133 @@
+"""One admission: body bytes in, (HTTP status, AdmissionReview) out.
+
+Ties decoding, planning and responses together. It is still pure — the
+policy and GPU limits come in as arguments — so the HTTP layer, the offline
+CLI and the benchmarks all run exactly this code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from webhook import responses
+from webhook.capacity import GpuLimits, GpuNode, limits_for
+from webhook.decoding import decode
+from webhook.errors import ReviewError
+from webhook.planning import Decision, plan, untouched
+from webhook.policy import Policy
+from webhook.reviews import Request
+
+log = logging.getLogger("gpushare_webhook.admission")
+
+
+@dataclass(frozen=True)
+class Result:
+    """What happened to one review: for the HTTP answer, the log line and metrics."""
+
+    status: int
+    body: Mapping[str, Any]
+    decision: Decision | None = None
+    uid: str = ""
+    namespace: str = ""
+    name: str = ""
+    error: str = ""
+
+    @property
+    def outcome(self) -> str:
+        if self.status != 200:
+            return "bad-request"
+        if self.error:
+            return "error"
+        return self.decision.outcome if self.decision else "untouched"
+
+    def encode(self) -> bytes:
+        return json.dumps(self.body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _is_pod(request: Request) -> bool:
+    kind = request["kind"]
+    return kind["group"] == "" and kind["kind"] == "Pod" and not request.get("subResource")
+
+
+def _pod_name(request: Request) -> str:
+    obj = request.get("object")
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if isinstance(meta, dict):
+        name = meta.get("name") or meta.get("generateName")
+        if isinstance(name, str):
+            return name
+    return request.get("name") or ""
+
+
+def decide(
+    request: Request,
+    policy: Policy,
+    nodes: Sequence[GpuNode] | None = None,
+) -> Decision:
+    """The decision for a decoded request: the rules for which requests are looked at."""
+    if not _is_pod(request):
+        return untouched("not-a-pod")
+    if request["operation"] != "CREATE":
+        return untouched("not-create")
+    pod = request.get("object")
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    limits: GpuLimits = limits_for(spec if isinstance(spec, dict) else {}, policy, nodes)
+    return plan(pod, policy, namespace=request.get("namespace") or "", limits=limits)
+
+
+def admit(
+    body: bytes,
+    policy: Policy,
+    nodes: Sequence[GpuNode] | None = None,
+    *,
+    on_error: Callable[[str], None] | None = None,
+) -> Result:
+    """Answer one AdmissionReview body. Never raises."""
+    try:
+        api_version, request = decode(body)
+    except ReviewError as error:
+        return Result(status=400, body={"error": str(error)}, error=str(error))
+    uid = request["uid"]
+    namespace = request.get("namespace") or ""
+    name = _pod_name(request)
+    try:
+        decision = decide(request, policy, nodes)
+        answer = _respond(uid, decision)
+    except Exception as error:  # a bug must become a denial, never a dropped pod
+        # NB: like controller-runtime's panic recovery, the failure is answered
+        # in-band (HTTP 200, allowed: false) so the apiserver applies the
+        # webhook's failurePolicy with a readable reason instead of a 500.
+        log.error("admission of %s/%s failed: %s", namespace, name, traceback.format_exc())
+        if on_error is not None:
+            on_error(repr(error))
+        message = f"{type(error).__name__} while admitting the pod; see the webhook's log"
+        return Result(
+            status=200,
+            body=responses.review(api_version, responses.errored(uid, message)),
+            uid=uid,
+            namespace=namespace,
+            name=name,
+            error=repr(error),
+        )
+    return Result(
+        status=200,
+        body=responses.review(api_version, answer),
+        decision=decision,
+        uid=uid,
+        namespace=namespace,
+        name=name,
+    )
+
+
+def _respond(uid: str, decision: Decision) -> Any:
+    audit = {"decision": decision.outcome, "reason": decision.reason}
+    if not decision.allowed:
+        return responses.denied(uid, decision.message, code=decision.code, audit=audit)
+    if decision.outcome == "untouched":
+        return responses.allowed(uid)
+    return responses.patched(uid, decision.patch, warnings=decision.warnings, audit=audit)
