@@ -1,0 +1,109 @@
+"""Session fixtures: a CA and serving pair made by the project, and one real server."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from webhook import tls
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> tls.Issued:
+    return tls.ensure_certificates(
+        tmp_path_factory.mktemp("pki"), dns_names=["localhost"], ips=["127.0.0.1"]
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    port: int
+    ca: Path
+    log: Path
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca))
+
+    def connect(self) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(
+            "localhost", self.port, context=self.context(), timeout=10
+        )
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, bytes]:
+        conn = self.connect()
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+
+def start_server(
+    args: list[str], *, ca: Path, log: Path, port: int, env: dict[str, str] | None = None
+) -> Server:
+    with log.open("ab") as handle:  # the child keeps its own copy of the descriptor
+        process = subprocess.Popen(
+            [sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}", *args],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+    server = Server(process, port, ca, log)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited early:\n{log.read_text()}")
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            if server.request("GET", "/readyz")[0] == 200:
+                return server
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"server did not become ready:\n{log.read_text()}")
+
+
+def stop_server(server: Server) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(pki: tls.Issued, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One real ``gpushare-webhook serve`` for the session, with the project's own certificates."""
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    running = start_server(
+        ["--cert", str(pki.cert), "--key", str(pki.key), "--workers", "2"],
+        ca=pki.ca,
+        log=log,
+        port=free_port(),
+    )
+    yield running
+    stop_server(running)

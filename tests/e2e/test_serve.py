@@ -1,0 +1,163 @@
+"""The real thing: ``gpushare-webhook serve`` as a process, over HTTPS verified by its CA."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Server, free_port, start_server, stop_server
+from tests.helpers import apply, container, decode_patch, pod, review
+
+
+def test_mutates_a_gpu_pod_over_https(server: Server) -> None:
+    obj = pod(container(gpu="4"), container("web"))
+    status, body = server.request(
+        "POST", "/mutate", json.dumps(review(obj)).encode(), {"Content-Type": "application/json"}
+    )
+    assert status == 200
+    answer = json.loads(body)
+    assert answer["response"]["uid"] == review(obj)["request"]["uid"]
+    out = apply(obj, decode_patch(answer["response"]))
+    env = {e["name"]: e["value"] for e in out["spec"]["containers"][0]["env"]}
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "4096m"
+    assert env["LD_PRELOAD"] == "/usr/local/vgpu/libvgpu.so"
+
+
+def test_keep_alive_connection_serves_many_reviews(server: Server) -> None:
+    conn = server.connect()
+    try:
+        for size in ("1", "99", "0.5"):
+            conn.request(
+                "POST",
+                "/mutate",
+                json.dumps(review(pod(container(gpu=size)))).encode(),
+                {"Content-Type": "application/json"},
+            )
+            resp = conn.getresponse()
+            assert resp.status == 200
+            assert resp.getheader("Connection", "keep-alive").lower() != "close"
+            answer = json.loads(resp.read())["response"]
+            assert answer["allowed"] is (size == "1")
+    finally:
+        conn.close()
+
+
+def test_bad_body_is_400_over_https(server: Server) -> None:
+    status, body = server.request("POST", "/mutate", b"{nope", {"Content-Type": "application/json"})
+    assert status == 400
+    assert "not valid JSON" in json.loads(body)["error"]
+
+
+def test_oversized_body_is_413_before_it_is_read(server: Server) -> None:
+    conn = server.connect()
+    try:
+        conn.putrequest("POST", "/mutate")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(64 * 1024 * 1024))
+        conn.endheaders()
+        conn.send(b"{" * 1024)  # nowhere near the declared length
+        resp = conn.getresponse()
+        assert resp.status == 413
+    finally:
+        conn.close()
+
+
+def test_certificate_is_verified_against_the_project_ca(server: Server) -> None:
+    with (
+        socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw,
+        server.context().wrap_socket(raw, server_hostname="localhost") as tls_sock,
+    ):
+        assert tls_sock.version() in ("TLSv1.2", "TLSv1.3")
+    untrusting = ssl.create_default_context()
+    with (
+        socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw,
+        pytest.raises(ssl.SSLCertVerificationError),
+    ):
+        untrusting.wrap_socket(raw, server_hostname="localhost")
+
+
+def test_tls_below_1_2_is_refused(server: Server) -> None:
+    old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    old.check_hostname = False
+    old.verify_mode = ssl.CERT_NONE
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # offering them is the point
+            old.minimum_version = ssl.TLSVersion.TLSv1
+            old.maximum_version = ssl.TLSVersion.TLSv1_1
+        old.set_ciphers("ALL:@SECLEVEL=0")
+    except (ValueError, ssl.SSLError):
+        pytest.skip("this OpenSSL cannot even offer TLS 1.1")
+    with (
+        socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw,
+        pytest.raises((ssl.SSLError, ConnectionResetError)),
+    ):
+        old.wrap_socket(raw, server_hostname="localhost")
+
+
+def test_dev_certificate_is_made_once_and_reused(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    port = free_port()
+    log = tmp_path / "dev.log"
+    running = start_server(["--certs-dir", str(certs)], ca=certs / "ca.crt", log=log, port=port)
+    try:
+        assert running.request("GET", "/healthz")[0] == 200
+    finally:
+        stop_server(running)
+    text = log.read_text()
+    assert f"CA: {certs}/ca.crt" in text
+    assert f"curl --cacert {certs}/ca.crt https://localhost:{port}/healthz" in text
+    first = (certs / "tls.crt").read_bytes()
+    assert oct((certs / "tls.key").stat().st_mode & 0o777) == "0o600"
+    again = start_server(
+        ["--certs-dir", str(certs)], ca=certs / "ca.crt", log=log, port=free_port()
+    )
+    stop_server(again)
+    assert (certs / "tls.crt").read_bytes() == first
+    assert "(reused)" in log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "/nonexistent/policy.yaml"], "no such policy file"),
+        (
+            ["--cert", "/nonexistent/tls.crt", "--key", "/nonexistent/tls.key"],
+            "cannot read certificate",
+        ),
+        (["--cert", "/nonexistent/tls.crt"], "give --cert and --key together"),
+        (["--bind", "8443"], "expected HOST:PORT"),
+    ],
+)
+def test_serve_refuses_to_start_with_a_clear_message(args: list[str], message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_serve_refuses_a_broken_policy(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("gpuMemory: lots\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook", "serve", "--policy", str(policy)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "'gpuMemory': expected a positive whole number" in done.stderr

@@ -1,0 +1,153 @@
+"""The offline CLI: mutate over pods and workloads, exit codes, outputs; policy and certs."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.helpers import container, pod
+from webhook.cli import build_parser, cmd_mutate, main
+
+
+def run_mutate(text: str, *args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    parsed = build_parser().parse_args(["mutate", "-", *args])
+    code = cmd_mutate(parsed, io.StringIO(text), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def template(kind: str, api: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    tpl = {"metadata": {"labels": {"app": "x"}}, "spec": pod_spec}
+    spec: dict[str, Any] = {"template": tpl}
+    if kind == "CronJob":
+        spec = {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": tpl}}}
+    return {"apiVersion": api, "kind": kind, "metadata": {"name": kind.lower()}, "spec": spec}
+
+
+GPU_SPEC = pod(container(gpu="2"))["spec"]
+WORKLOADS = [
+    ("Deployment", "apps/v1", ("spec", "template")),
+    ("StatefulSet", "apps/v1", ("spec", "template")),
+    ("DaemonSet", "apps/v1", ("spec", "template")),
+    ("ReplicaSet", "apps/v1", ("spec", "template")),
+    ("Job", "batch/v1", ("spec", "template")),
+    ("CronJob", "batch/v1", ("spec", "jobTemplate", "spec", "template")),
+]
+
+
+@pytest.mark.parametrize(("kind", "api", "path"), WORKLOADS, ids=[w[0] for w in WORKLOADS])
+def test_workload_templates_are_mutated(kind: str, api: str, path: tuple[str, ...]) -> None:
+    code, out, err = run_mutate(yaml.safe_dump(template(kind, api, GPU_SPEC)))
+    assert code == 0, err
+    doc = yaml.safe_load(out)
+    for key in path:
+        doc = doc[key]
+    env = {e["name"]: e["value"] for e in doc["spec"]["containers"][0]["env"]}
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"
+    assert doc["spec"]["schedulerName"] == "gpushare-scheduler"
+    assert "gpushare-webhook.io/status" in doc["metadata"]["annotations"]
+
+
+def test_many_documents_json_is_a_list_and_rejected_ones_are_left_out() -> None:
+    docs = [
+        pod(container(gpu="1")),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "data": {"a": "b"}},
+        {**pod(container(gpu="0.5")), "metadata": {"name": "half"}},
+    ]
+    code, out, err = run_mutate(yaml.safe_dump_all(docs), "-o", "json")
+    assert code == 1
+    listing = json.loads(out)
+    assert listing["kind"] == "List"
+    assert [item["kind"] for item in listing["items"]] == ["Pod", "ConfigMap"]
+    assert listing["items"][1] == docs[1]
+    assert "rejected: document 3 (Pod/half)" in err
+    assert "'0.5'" in err
+
+
+def test_one_document_json_is_the_object() -> None:
+    code, out, _ = run_mutate(json.dumps(pod(container(gpu="1"))), "-o", "json")
+    assert code == 0
+    assert json.loads(out)["kind"] == "Pod"
+
+
+def test_patch_output_is_the_webhook_patch() -> None:
+    code, out, _ = run_mutate(yaml.safe_dump(pod(container(gpu="1"))), "-o", "patch")
+    assert code == 0
+    ops = json.loads(out)
+    assert {op["path"] for op in ops} >= {"/spec/schedulerName", "/spec/containers/0/env"}
+
+
+def test_custom_resource_mentioning_gpu_memory_passes_with_a_warning() -> None:
+    cr = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "pj"},
+        "spec": {"template": {"spec": GPU_SPEC}},
+    }
+    code, out, err = run_mutate(yaml.safe_dump(cr))
+    assert code == 0
+    assert yaml.safe_load(out) == cr
+    assert "warning: document 1 (PyTorchJob/pj) mentions aliyun.com/gpu-mem" in err
+
+
+def test_v1_list_input_is_expanded() -> None:
+    listing = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [pod(container(gpu="1")), pod(container("web"))],
+    }
+    code, out, _ = run_mutate(yaml.safe_dump(listing), "-o", "json")
+    assert code == 0
+    assert len(json.loads(out)["items"]) == 2
+
+
+@pytest.mark.parametrize("text", ["", "a: [unclosed", "\t- bad"])
+def test_unreadable_input_exits_2(
+    text: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    assert main(["mutate", "-"]) == 2
+    assert "gpushare-webhook:" in capsys.readouterr().err
+
+
+def test_missing_file_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mutate", "/nonexistent.yaml"]) == 2
+    assert "cannot read /nonexistent.yaml" in capsys.readouterr().err
+
+
+def test_mutate_with_a_policy_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("memoryUnit: MiB\ngpuMemory: 40960\n")
+    source = tmp_path / "pod.yaml"
+    source.write_text(yaml.safe_dump(pod(container(gpu="5000"))))
+    assert main(["mutate", str(source), "--policy", str(policy), "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["spec"]["containers"][0]["env"][0]["value"] == "5000m"
+
+
+def test_policy_check_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("gpuMemory: 24\n")
+    bad.write_text("gpuMemroy: 24\n")
+    assert main(["policy", "check", str(good)]) == 0
+    assert main(["policy", "check", str(bad)]) == 2
+    assert "'gpuMemroy' is not known" in capsys.readouterr().err
+    assert main(["policy", "show", str(good)]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["gpuMemory"] == 24
+    assert shown["schedulerName"] == "gpushare-scheduler"
+
+
+def test_console_script_is_installed() -> None:
+    done = subprocess.run(
+        ["gpushare-webhook", "--version"], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0
+    assert done.stdout.startswith("gpushare-webhook ")

@@ -1,0 +1,291 @@
+"""The ``gpushare-webhook`` command: serve, mutate, certs, policy.
+
+Owns argument parsing, reading files and standard input, exit codes and
+what is printed. Each sub-command is a thin shell over the pure modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from webhook import __version__
+from webhook.errors import CertificateError, InputError, PolicyError, WebhookError
+from webhook.policy import DEFAULT_POLICY, Policy, dump_policy
+from webhook.runtime import read_policy
+
+EXIT_OK, EXIT_REJECTED, EXIT_INPUT = 0, 1, 2
+_DURATION = re.compile(r"(\d+)([dhm])")
+
+
+def duration(text: str) -> dt.timedelta:
+    match = _DURATION.fullmatch(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a number and d, h or m, such as 30d")
+    amount, unit = int(match[1]), match[2]
+    return dt.timedelta(**{{"d": "days", "h": "hours", "m": "minutes"}[unit]: amount})
+
+
+def _policy(path: str | None) -> Policy:
+    return DEFAULT_POLICY if path is None else read_policy(Path(path))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpushare-webhook",
+        description="Kubernetes admission webhook that makes GPU sharing safe.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the webhook over HTTPS under gunicorn")
+    serve.add_argument("--policy", metavar="FILE", help="policy YAML (default: built-in defaults)")
+    serve.add_argument("--cert", metavar="FILE", help="serving certificate (PEM)")
+    serve.add_argument("--key", metavar="FILE", help="private key of --cert (PEM)")
+    serve.add_argument(
+        "--certs-dir",
+        metavar="DIR",
+        default="certs",
+        help="where a development CA and certificate are made when --cert is not given "
+        "(default: %(default)s)",
+    )
+    serve.add_argument("--bind", default="0.0.0.0:8443", metavar="HOST:PORT")
+    serve.add_argument("--workers", type=int, default=None, help="gunicorn worker processes")
+    serve.add_argument("--threads", type=int, default=None, help="threads per worker")
+    serve.add_argument(
+        "--worker-class", default=None, choices=("gthread", "sync"), help=argparse.SUPPRESS
+    )
+    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
+
+    mutate = sub.add_parser("mutate", help="preview what admission does to pods or workloads")
+    mutate.add_argument("file", nargs="?", default="-", help="YAML or JSON file, or - for stdin")
+    mutate.add_argument("--policy", metavar="FILE")
+    mutate.add_argument("--output", "-o", choices=("yaml", "json", "patch"), default="yaml")
+
+    certs = sub.add_parser("certs", help="make and install certificates")
+    certs_sub = certs.add_subparsers(dest="certs_command", required=True, metavar="ACTION")
+    create = certs_sub.add_parser("create", help="make a CA and a serving certificate")
+    _cert_args(create)
+    create.add_argument("--out", default="certs", metavar="DIR")
+
+    policy = sub.add_parser("policy", help="check or show a policy")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    check = policy_sub.add_parser("check", help="validate a policy file offline")
+    check.add_argument("file")
+    show = policy_sub.add_parser("show", help="print the effective policy, defaults filled in")
+    show.add_argument("file", nargs="?", help="policy file (default: built-in defaults)")
+    return parser
+
+
+def _cert_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--service", default="gpushare-webhook", help="Service name")
+    parser.add_argument("--namespace", default="gpushare-system", help="Service namespace")
+    parser.add_argument("--dns", action="append", default=[], help="extra DNS name (repeatable)")
+    parser.add_argument("--ip", action="append", default=[], help="extra IP address (repeatable)")
+    parser.add_argument("--days", type=int, default=365, help="serving certificate lifetime")
+    parser.add_argument("--key-type", choices=("ecdsa", "rsa"), default="ecdsa")
+    parser.add_argument(
+        "--renew-before",
+        type=duration,
+        default=dt.timedelta(days=30),
+        metavar="DURATION",
+        help="renew what expires within this (default: 30d)",
+    )
+
+
+def service_names(service: str, namespace: str) -> list[str]:
+    return [
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command == "mutate":
+            return cmd_mutate(args, sys.stdin, sys.stdout, sys.stderr)
+        if args.command == "certs":
+            return cmd_certs(args)
+        if args.command == "policy":
+            return cmd_policy(args)
+    except (PolicyError, CertificateError, InputError) as error:
+        print(f"gpushare-webhook: {error}", file=sys.stderr)
+        return EXIT_INPUT
+    except WebhookError as error:  # pragma: no cover - every subclass is handled above
+        print(f"gpushare-webhook: {error}", file=sys.stderr)
+        return EXIT_INPUT
+    except BrokenPipeError:  # the reader (head, less) went away: not an error of ours
+        sys.stderr.close()
+        return EXIT_OK
+    return EXIT_INPUT  # pragma: no cover - argparse requires a command
+
+
+# --- serve -----------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from webhook import tls
+    from webhook.app import State, create_app
+    from webhook.runtime import PolicySource
+    from webhook.server import ServeOptions, WebhookServer
+
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s %(message)s"
+    )
+    source = PolicySource(Path(args.policy) if args.policy else None)
+    if bool(args.cert) != bool(args.key):
+        raise CertificateError("give --cert and --key together, or neither for a development pair")
+    host, _, port = args.bind.rpartition(":")
+    if not port.isdigit() or not host:
+        raise InputError(f"--bind {args.bind!r}: expected HOST:PORT, such as 0.0.0.0:8443")
+    if args.cert:
+        cert, key = Path(args.cert), Path(args.key)
+    else:
+        issued = tls.ensure_certificates(
+            Path(args.certs_dir), dns_names=["localhost"], ips=["127.0.0.1", "::1"]
+        )
+        cert, key = issued.cert, issued.key
+        local = "localhost" if host in ("0.0.0.0", "127.0.0.1", "::", "localhost") else host
+        print(
+            f"gpushare-webhook: development certificate in {issued.directory}/ "
+            f"({'new' if issued.serving_created else 'reused'}); CA: {issued.ca}\n"
+            f"  try: curl --cacert {issued.ca} https://{local}:{port}/healthz",
+            file=sys.stderr,
+            flush=True,
+        )
+    tls.check_pair(cert, key)
+    state = State(policy=source)
+    options = ServeOptions(
+        bind=args.bind,
+        cert=cert,
+        key=key,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        **{
+            name: value
+            for name, value in (
+                ("workers", args.workers),
+                ("threads", args.threads),
+                ("worker_class", args.worker_class),
+            )
+            if value is not None
+        },
+    )
+    WebhookServer(create_app(state), options).run()
+    return EXIT_OK
+
+
+# --- mutate ----------------------------------------------------------------
+
+
+def _read_documents(path: str, stdin: TextIO) -> list[Any]:
+    try:
+        text = stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read {path}: {error}") from None
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as error:
+        raise InputError(f"{path} is not valid YAML or JSON: {error}") from None
+    if not documents:
+        raise InputError(f"{path} holds no documents")
+    expanded: list[Any] = []
+    for doc in documents:
+        # A v1 List (what kubectl get -o yaml prints) is its items.
+        if (
+            isinstance(doc, dict)
+            and doc.get("kind") == "List"
+            and isinstance(doc.get("items"), list)
+        ):
+            expanded.extend(doc["items"])
+        else:
+            expanded.append(doc)
+    return expanded
+
+
+def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
+    from webhook.workloads import preview
+
+    policy = _policy(args.policy)
+    documents = _read_documents(args.file, stdin)
+    results = [preview(doc, policy, index=i) for i, doc in enumerate(documents, start=1)]
+    kept = []
+    for result in results:
+        for note in result.notes:
+            print(f"warning: {note}", file=stderr)
+        if result.decision is not None:
+            for warning in result.decision.warnings:
+                print(f"warning: {result.label}: {warning}", file=stderr)
+        if result.rejected:
+            assert result.decision is not None
+            print(f"rejected: {result.label}: {result.decision.message}", file=stderr)
+        else:
+            kept.append(result)
+    if args.output == "patch":
+        patches = [r.patch for r in kept]
+        json.dump(patches[0] if len(patches) == 1 else patches, stdout, indent=2)
+        stdout.write("\n")
+    elif args.output == "json":
+        objects = [r.document for r in kept]
+        out: Any = (
+            objects[0]
+            if len(objects) == 1
+            else {"apiVersion": "v1", "kind": "List", "items": objects}
+        )
+        json.dump(out, stdout, indent=2)
+        stdout.write("\n")
+    else:
+        yaml.safe_dump_all([r.document for r in kept], stdout, sort_keys=False)
+    return EXIT_REJECTED if any(r.rejected for r in results) else EXIT_OK
+
+
+# --- certs -----------------------------------------------------------------
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from webhook import tls
+
+    names = service_names(args.service, args.namespace) + list(args.dns)
+    issued = tls.ensure_certificates(
+        Path(args.out),
+        dns_names=names,
+        ips=args.ip,
+        days=args.days,
+        key_type=args.key_type,
+        renew_before=args.renew_before,
+    )
+    what = []
+    what.append("new CA" if issued.ca_created else "kept CA")
+    what.append("new serving certificate" if issued.serving_created else "kept serving certificate")
+    print(
+        f"{issued.directory}: {', '.join(what)}; serving certificate valid until "
+        f"{issued.not_after:%Y-%m-%d %H:%M} UTC"
+    )
+    return EXIT_OK
+
+
+# --- policy ----------------------------------------------------------------
+
+
+def cmd_policy(args: argparse.Namespace) -> int:
+    if args.policy_command == "check":
+        read_policy(Path(args.file))
+        print(f"{args.file}: policy is valid")
+        return EXIT_OK
+    sys.stdout.write(dump_policy(_policy(args.file)))
+    return EXIT_OK
