@@ -12,7 +12,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -77,6 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     create = certs_sub.add_parser("create", help="make a CA and a serving certificate")
     _cert_args(create)
     create.add_argument("--out", default="certs", metavar="DIR")
+    install = certs_sub.add_parser(
+        "install",
+        help="make or renew certificates and publish them to the cluster (Secret + caBundle)",
+    )
+    _cert_args(install)
+    install.add_argument("--secret", default="gpushare-webhook-tls", help="serving Secret")
+    install.add_argument("--ca-secret", default="gpushare-webhook-ca", help="Secret holding the CA")
+    install.add_argument(
+        "--webhook-config", default="gpushare-webhook", help="MutatingWebhookConfiguration name"
+    )
+    install.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
+    install.add_argument("--context", help="kubeconfig context")
 
     policy = sub.add_parser("policy", help="check or show a policy")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
@@ -169,7 +181,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
     tls.check_pair(cert, key)
-    state = State(policy=source)
+    state = State(policy=source, ready=_readiness(host, int(port)))
     options = ServeOptions(
         bind=args.bind,
         cert=cert,
@@ -188,6 +200,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     WebhookServer(create_app(state), options).run()
     return EXIT_OK
+
+
+def _readiness(host: str, port: int, *, ttl: float = 5.0) -> Callable[[], tuple[bool, str]]:
+    """Ready once the policy and certificate are loaded and our own port answers TLS.
+
+    The policy and pair are loaded before gunicorn starts (or it never
+    starts), so what is left to prove is the listener itself. The result is
+    cached for ``ttl`` seconds: probes should not cost a handshake each.
+    """
+    import time
+
+    from webhook import tls
+
+    target = (
+        "127.0.0.1" if host in ("0.0.0.0", "", "*") else "::1" if host in ("::", "[::]") else host
+    )
+    target = target.strip("[]")
+    cache: dict[str, Any] = {"at": -ttl, "result": (False, "not checked yet")}
+
+    def ready() -> tuple[bool, str]:
+        now = time.monotonic()
+        if now - cache["at"] >= ttl:
+            problem = tls.handshake(target, port)
+            cache["at"], cache["result"] = now, (not problem, problem or "ok")
+        result: tuple[bool, str] = cache["result"]
+        return result
+
+    return ready
 
 
 # --- mutate ----------------------------------------------------------------
@@ -260,6 +300,8 @@ def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: 
 def cmd_certs(args: argparse.Namespace) -> int:
     from webhook import tls
 
+    if args.certs_command == "install":
+        return cmd_certs_install(args)
     names = service_names(args.service, args.namespace) + list(args.dns)
     issued = tls.ensure_certificates(
         Path(args.out),
@@ -275,6 +317,36 @@ def cmd_certs(args: argparse.Namespace) -> int:
     print(
         f"{issued.directory}: {', '.join(what)}; serving certificate valid until "
         f"{issued.not_after:%Y-%m-%d %H:%M} UTC"
+    )
+    return EXIT_OK
+
+
+def cmd_certs_install(args: argparse.Namespace) -> int:
+    from webhook import kube
+
+    try:
+        api = kube.api_client(args.kubeconfig, args.context)
+        report = kube.install_certificates(
+            api,
+            namespace=args.namespace,
+            secret=args.secret,
+            ca_secret=args.ca_secret,
+            webhook_config=args.webhook_config,
+            dns_names=service_names(args.service, args.namespace) + list(args.dns),
+            ips=list(args.ip),
+            days=args.days,
+            renew_before=args.renew_before,
+            key_type=args.key_type,
+        )
+    except kube.KubeError as error:
+        print(f"gpushare-webhook: {error}", file=sys.stderr)
+        return EXIT_REJECTED
+    print(
+        f"{args.namespace}/{args.secret}: "
+        f"{'renewed' if report.serving_renewed else 'kept'} serving certificate (valid until "
+        f"{report.not_after:%Y-%m-%d} UTC); {'new' if report.ca_rotated else 'kept'} CA (valid "
+        f"until {report.ca_not_after:%Y-%m-%d} UTC); caBundle updated in "
+        f"{report.webhooks_patched} webhook(s) of {args.webhook_config}"
     )
     return EXIT_OK
 

@@ -11,25 +11,30 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import socket
 import ssl
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from webhook.errors import CertificateError
 
+__all__ = ["CertificateError"]
+
 KeyType = Literal["ecdsa", "rsa"]
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
 CA_KEY_FILE = "ca.key"
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -166,16 +171,29 @@ def _write(path: Path, data: bytes, mode: int) -> None:
     os.replace(tmp, path)
 
 
+def parse_certs(data: bytes, *, source: str = "data") -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(data)
+    except ValueError:
+        raise CertificateError(f"{source} is not a PEM certificate") from None
+
+
+def parse_key(data: bytes, *, source: str = "data") -> PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError):
+        raise CertificateError(f"{source} is not an unencrypted PEM private key") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise CertificateError(f"{source}: only ECDSA and RSA keys are supported")
+    return key
+
+
 def load_certs(path: Path) -> list[x509.Certificate]:
     try:
         data = path.read_bytes()
     except OSError as error:
         raise CertificateError(f"cannot read certificate {path}: {error.strerror}") from None
-    try:
-        certs = x509.load_pem_x509_certificates(data)
-    except ValueError:
-        raise CertificateError(f"{path} is not a PEM certificate") from None
-    return certs
+    return parse_certs(data, source=str(path))
 
 
 def load_key(path: Path) -> PrivateKey:
@@ -183,13 +201,7 @@ def load_key(path: Path) -> PrivateKey:
         data = path.read_bytes()
     except OSError as error:
         raise CertificateError(f"cannot read private key {path}: {error.strerror}") from None
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError):
-        raise CertificateError(f"{path} is not an unencrypted PEM private key") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
-        raise CertificateError(f"{path}: only ECDSA and RSA keys are supported")
-    return key
+    return parse_key(data, source=str(path))
 
 
 def check_pair(
@@ -220,6 +232,119 @@ def _public_der(public_key: object) -> bytes:
     )
 
 
+@dataclass(frozen=True)
+class Rotation:
+    """The certificates to keep after a renewal check, and what changed."""
+
+    ca_key: PrivateKey
+    ca_cert: x509.Certificate
+    bundle: tuple[x509.Certificate, ...]  # every CA to trust, newest first
+    key: PrivateKey
+    cert: x509.Certificate
+    ca_rotated: bool
+    serving_renewed: bool
+
+    @property
+    def changed(self) -> bool:
+        return self.ca_rotated or self.serving_renewed
+
+    def bundle_pem(self) -> bytes:
+        return b"".join(pem_cert(cert) for cert in self.bundle)
+
+
+def rotate(
+    *,
+    ca_certs: Sequence[x509.Certificate] = (),
+    ca_key: PrivateKey | None = None,
+    cert: x509.Certificate | None = None,
+    key: PrivateKey | None = None,
+    dns_names: Sequence[str],
+    ips: Sequence[str] = (),
+    days: int = 365,
+    renew_before: dt.timedelta = dt.timedelta(days=30),
+    key_type: KeyType = "ecdsa",
+    now: dt.datetime | None = None,
+    ca_days: int = 3650,
+) -> Rotation:
+    """Decide which CA and serving pair to keep, renewing what is near expiry.
+
+    The CA is replaced ahead of time: once it has less than one serving
+    lifetime plus ``renew_before`` left. The old CA stays in the bundle until
+    it expires, so a client that still holds the old bundle, or a server
+    still presenting a certificate signed by the old CA, keeps working
+    through the switch. Pure apart from key generation.
+    """
+    moment = now or _now()
+    current = ca_certs[0] if ca_certs else None
+    usable = (
+        current is not None
+        and ca_key is not None
+        and _public_der(current.public_key()) == _public_der(ca_key.public_key())
+        and current.not_valid_after_utc - moment > dt.timedelta(days=days) + renew_before
+    )
+    ca_rotated = not usable
+    if usable:
+        assert current is not None
+        assert ca_key is not None
+        new_ca_key, new_ca = ca_key, current
+    else:
+        new_ca_key, new_ca = create_ca(days=max(ca_days, 2 * days), key_type=key_type, now=moment)
+    bundle = [new_ca]
+    for old in ca_certs:
+        if old.not_valid_after_utc > moment and old.fingerprint(hashes.SHA256()) not in {
+            c.fingerprint(hashes.SHA256()) for c in bundle
+        }:
+            bundle.append(old)
+    wanted = set(dns_names) | set(ips)
+    keep = (
+        not ca_rotated
+        and cert is not None
+        and key is not None
+        and _public_der(cert.public_key()) == _public_der(key.public_key())
+        and cert.not_valid_after_utc - renew_before > moment
+        and wanted <= set(subject_names(cert))
+        and _issued_by(cert, new_ca)
+    )
+    if keep:
+        assert cert is not None
+        assert key is not None
+        serving_key, serving = key, cert
+    else:
+        serving_key, serving = issue_serving(
+            new_ca_key,
+            new_ca,
+            dns_names=dns_names,
+            ips=ips,
+            days=days,
+            key_type=key_type,
+            now=moment,
+        )
+    return Rotation(
+        ca_key=new_ca_key,
+        ca_cert=new_ca,
+        bundle=tuple(bundle[:3]),
+        key=serving_key,
+        cert=serving,
+        ca_rotated=ca_rotated,
+        serving_renewed=not keep,
+    )
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def _optional(load: Callable[[], _T]) -> _T | None:
+    try:
+        return load()
+    except CertificateError:
+        return None
+
+
 def ensure_certificates(
     directory: Path,
     *,
@@ -235,39 +360,30 @@ def ensure_certificates(
     A valid CA is kept. The serving pair is issued again only when it is
     missing, invalid, expires within ``renew_before``, or lacks a wanted name.
     """
-    moment = now or _now()
     directory.mkdir(parents=True, exist_ok=True)
     ca_path, ca_key_path = directory / CA_FILE, directory / CA_KEY_FILE
-    ca_created = False
-    try:
-        ca_cert = load_certs(ca_path)[0]
-        ca_key = load_key(ca_key_path)
-        if ca_cert.not_valid_after_utc - renew_before <= moment + dt.timedelta(days=days):
-            # NB: a CA must outlive every certificate it signs.
-            raise CertificateError("CA too close to expiry")
-    except CertificateError:
-        ca_key, ca_cert = create_ca(days=max(3650, days * 2), key_type=key_type, now=moment)
-        _write(ca_key_path, pem_key(ca_key), 0o600)
-        _write(ca_path, pem_cert(ca_cert), 0o644)
-        ca_created = True
     cert_path, key_path = directory / CERT_FILE, directory / KEY_FILE
-    if not ca_created:
-        try:
-            cert = check_pair(cert_path, key_path, now=moment)
-            if (
-                cert.not_valid_after_utc - renew_before > moment
-                and cert.issuer == ca_cert.subject
-                and set(dns_names) | set(ips) <= set(subject_names(cert))
-            ):
-                return Issued(directory, False, False, cert.not_valid_after_utc)
-        except CertificateError:
-            pass
-    key, cert = issue_serving(
-        ca_key, ca_cert, dns_names=dns_names, ips=ips, days=days, key_type=key_type, now=moment
+    result = rotate(
+        ca_certs=_optional(lambda: load_certs(ca_path)) or (),
+        ca_key=_optional(lambda: load_key(ca_key_path)),
+        cert=_optional(lambda: load_certs(cert_path)[0]),
+        key=_optional(lambda: load_key(key_path)),
+        dns_names=dns_names,
+        ips=ips,
+        days=days,
+        renew_before=renew_before,
+        key_type=key_type,
+        now=now,
     )
-    _write(key_path, pem_key(key), 0o600)
-    _write(cert_path, pem_cert(cert), 0o644)
-    return Issued(directory, ca_created, True, cert.not_valid_after_utc)
+    if result.ca_rotated:
+        _write(ca_key_path, pem_key(result.ca_key), 0o600)
+        _write(ca_path, result.bundle_pem(), 0o644)
+    if result.serving_renewed:
+        _write(key_path, pem_key(result.key), 0o600)
+        _write(cert_path, pem_cert(result.cert), 0o644)
+    return Issued(
+        directory, result.ca_rotated, result.serving_renewed, result.cert.not_valid_after_utc
+    )
 
 
 def subject_names(cert: x509.Certificate) -> list[str]:
@@ -345,3 +461,25 @@ class ReloadingContext:
                 except CertificateError as error:
                     self.last_error = str(error)  # keep serving the last good pair
         return self._context
+
+
+def handshake(host: str, port: int, *, timeout: float = 2.0) -> str:
+    """Complete a TLS handshake with a server; return "" or what went wrong.
+
+    The readiness probe uses it on the webhook's own port: a worker is ready
+    only when the listener really answers TLS with a loadable certificate.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # only reachability and a served certificate matter here
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout) as raw,
+            context.wrap_socket(raw) as conn,
+        ):
+            if not conn.getpeercert(binary_form=True):
+                return "no certificate served"
+    except (OSError, ssl.SSLError) as error:
+        return f"TLS handshake with {host}:{port} failed: {error}"
+    return ""
