@@ -1,4 +1,4 @@
-"""Certificates: creation, renewal, CA rotation with overlap, refusal of broken pairs, hot reload."""
+"""Certificates: creation, renewal, CA rotation, refusal of broken pairs, hot reload."""
 
 from __future__ import annotations
 
