@@ -1,0 +1,248 @@
+"""Benchmark gpushare-webhook against a floor, on loopback, over keep-alive HTTPS.
+
+    python bench/run.py [--quick]
+
+Starts ``gpushare-webhook serve`` as deployed (gunicorn, TLS, the project's
+own certificates) and the floor (``bench/floor.py``: json.loads and a fixed
+answer, same gunicorn and TLS settings), alternates trials of each at
+concurrency 1, 8 and 32 with fresh keep-alive connections per trial, and
+reports medians and ratios. Also measures the pure decision against a
+json round trip, worker RSS, and start-up time. Writes bench/results.json.
+The client is Python threads in this process; its CPU share is reported
+so a starved server is visible. Not a test: it never fails on a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.reviews import gpu_pod, mix, review  # noqa: E402
+from webhook import tls  # noqa: E402
+from webhook.admission import admit  # noqa: E402
+from webhook.policy import DEFAULT_POLICY  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(port: int, context: ssl.SSLContext, deadline: float) -> float:
+    start = time.monotonic()
+    body = review(gpu_pod(1, rng=__import__("random").Random(1)), "ready")
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=5)
+            conn.request("POST", "/mutate", body, {"Content-Type": "application/json"})
+            if conn.getresponse().status == 200:
+                conn.close()
+                return time.monotonic() - start
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"server on {port} never answered")
+
+
+def start(
+    cmd: list[str], port: int, context: ssl.SSLContext
+) -> tuple[subprocess.Popen[bytes], float]:
+    began = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    wait_ready(port, context, began + 60)
+    return proc, time.monotonic() - began
+
+
+def workers_rss_mib(proc: subprocess.Popen[bytes]) -> list[float]:
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    out = []
+    for pid in children.read_text().split() if children.exists() else []:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                out.append(int(line.split()[1]) / 1024)
+    return out
+
+
+def trial(
+    port: int, context: ssl.SSLContext, bodies: list[bytes], concurrency: int, requests: int
+) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    per_thread = max(1, requests // concurrency)
+
+    def worker(offset: int) -> None:
+        conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=10)
+        local = []
+        for i in range(per_thread):
+            body = bodies[(offset * per_thread + i) % len(bodies)]
+            t0 = time.perf_counter()
+            try:
+                conn.request("POST", "/mutate", body, {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                resp.read()
+                if resp.status != 200:
+                    with lock:
+                        errors[0] += 1
+            except (OSError, http.client.HTTPException):
+                with lock:
+                    errors[0] += 1
+                conn.close()
+                conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=10)
+            local.append(time.perf_counter() - t0)
+        conn.close()
+        with lock:
+            latencies.extend(local)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    cpu0, wall0 = os.times(), time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - wall0
+    cpu1 = os.times()
+    client_cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    latencies.sort()
+    return {
+        "rps": len(latencies) / wall,
+        "p50_ms": 1000 * latencies[len(latencies) // 2],
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+        "errors": errors[0],
+        "client_cpu_share": client_cpu / (wall * (os.cpu_count() or 1)),
+    }
+
+
+def median_of(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    return {key: statistics.median(t[key] for t in trials) for key in trials[0]}
+
+
+def decision_us(bodies: list[bytes], rounds: int) -> dict[str, float]:
+    body = next(
+        b for b in bodies if json.loads(b)["request"]["object"]["spec"]["containers"].__len__() == 8
+    )
+
+    def best(fn: Any) -> float:
+        times = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                fn()
+            times.append((time.perf_counter() - t0) / rounds)
+        return min(times) * 1e6
+
+    webhook = best(lambda: admit(body, DEFAULT_POLICY).encode())
+    floor = best(lambda: json.dumps(json.loads(body)).encode())
+    return {"webhook": webhook, "floor": floor, "ratio": webhook / floor}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small trials: the whole run in under a minute"
+    )
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
+    args = parser.parse_args()
+    levels = [1, 8, 32]
+    trials, requests = (3, 300) if args.quick else (5, 3000)
+    bodies = mix(200)
+    with tempfile.TemporaryDirectory() as tmp:
+        issued = tls.ensure_certificates(Path(tmp), dns_names=["localhost"], ips=["127.0.0.1"])
+        context = ssl.create_default_context(cafile=str(issued.ca))
+        wport, fport = free_port(), free_port()
+        pair = ["--cert", str(issued.cert), "--key", str(issued.key)]
+        webhook, startup = start(
+            [
+                sys.executable,
+                "-m",
+                "webhook",
+                "serve",
+                "--bind",
+                f"127.0.0.1:{wport}",
+                "--log-level",
+                "warning",
+                *pair,
+            ],
+            wport,
+            context,
+        )
+        floor, _ = start(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "floor.py"),
+                "--bind",
+                f"127.0.0.1:{fport}",
+                *pair,
+            ],
+            fport,
+            context,
+        )
+        try:
+            rss_start = workers_rss_mib(webhook)
+            results: dict[str, Any] = {"concurrency": {}}
+            for level in levels:
+                runs: dict[str, list[dict[str, Any]]] = {"webhook": [], "floor": []}
+                for _ in range(trials):  # alternate, so drift hits both alike
+                    runs["webhook"].append(trial(wport, context, bodies, level, requests))
+                    runs["floor"].append(trial(fport, context, bodies, level, requests))
+                results["concurrency"][str(level)] = {
+                    name: median_of(r) for name, r in runs.items()
+                }
+            rss_end = workers_rss_mib(webhook)
+        finally:
+            for proc in (webhook, floor):
+                proc.terminate()
+                proc.wait(timeout=30)
+    results["decision_us"] = decision_us(bodies, 50 if args.quick else 300)
+    results["rss_mib"] = {"start": max(rss_start or [0]), "end": max(rss_end or [0])}
+    results["startup_s"] = startup
+    results["client_cpu_share"] = max(
+        v[name]["client_cpu_share"]
+        for v in results["concurrency"].values()
+        for name in ("webhook", "floor")
+    )
+    print(
+        f"{'c':>3} {'webhook rps':>12} {'floor rps':>10} {'ratio':>6} "
+        f"{'p50 ms w/f':>14} {'p99 ms w/f':>14} {'errors':>7}"
+    )
+    for level, row in results["concurrency"].items():
+        w, f = row["webhook"], row["floor"]
+        print(
+            f"{level:>3} {w['rps']:>12.0f} {f['rps']:>10.0f} {w['rps'] / f['rps']:>6.2f} "
+            f"{w['p50_ms']:>6.2f}/{f['p50_ms']:<7.2f} {w['p99_ms']:>6.2f}/{f['p99_ms']:<7.2f} "
+            f"{w['errors'] + f['errors']:>7}"
+        )
+    d = results["decision_us"]
+    print(
+        f"decision (8 containers): {d['webhook']:.0f} us vs json round trip "
+        f"{d['floor']:.0f} us (x{d['ratio']:.1f})"
+    )
+    print(
+        f"worker RSS: {results['rss_mib']['start']:.1f} -> {results['rss_mib']['end']:.1f} MiB; "
+        f"start-up to first review: {startup:.2f} s; "
+        f"client CPU share (max): {results['client_cpu_share']:.2f}"
+    )
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
