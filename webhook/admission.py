@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,8 +84,6 @@ def admit(
     body: bytes,
     policy: Policy,
     nodes: Sequence[GpuNode] | None = None,
-    *,
-    on_error: Callable[[str], None] | None = None,
 ) -> Result:
     """Answer one AdmissionReview body. Never raises."""
     try:
@@ -103,8 +101,6 @@ def admit(
         # in-band (HTTP 200, allowed: false) so the apiserver applies the
         # webhook's failurePolicy with a readable reason instead of a 500.
         log.error("admission of %s/%s failed: %s", namespace, name, traceback.format_exc())
-        if on_error is not None:
-            on_error(repr(error))
         message = f"{type(error).__name__} while admitting the pod; see the webhook's log"
         return Result(
             status=200,

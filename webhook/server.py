@@ -7,7 +7,6 @@ build (and re-read from disk) for every accepted connection.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,9 +87,8 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             "limit_request_line": 4094,
             "limit_request_fields": 50,
             "limit_request_field_size": 8190,
-            "worker_tmp_dir": os.environ.get("GPUSHARE_WORKER_TMP", "/dev/shm")
-            if Path("/dev/shm").is_dir()
-            else None,
+            # The heartbeat file lives in memory: the root filesystem is read-only.
+            "worker_tmp_dir": "/dev/shm" if Path("/dev/shm").is_dir() else None,
             "control_socket_disable": True,
         }
         for key, value in settings.items():
