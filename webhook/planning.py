@@ -44,8 +44,7 @@ class ContainerAsk:
 
     @property
     def label(self) -> str:
-        word = "init container" if self.kind == "initContainers" else "container"
-        return f"{word} {self.name!r}"
+        return container_label(self.kind, self.name)
 
 
 @dataclass(frozen=True)
@@ -64,6 +63,12 @@ class Decision:
     @property
     def allowed(self) -> bool:
         return self.outcome != "rejected"
+
+
+def container_label(kind: str, name: object) -> str:
+    """How messages name a container: "container 'main'" or "init container 'fetch'"."""
+    word = "init container" if kind == "initContainers" else "container"
+    return f"{word} {name!r}"
 
 
 def untouched(reason: str) -> Decision:
@@ -197,11 +202,7 @@ def _check_placement(spec: Mapping[str, Any], policy: Policy) -> None:
 
 def _resource(container: Mapping[str, Any], path: str, label: str, resource: str) -> object | None:
     """The limit of ``resource``, after checking requests agree with it."""
-    resources = container.get("resources")
-    if resources is None:
-        return None
-    if not isinstance(resources, Mapping):
-        raise ShapeError(f"{path}.resources", "an object", resources)
+    resources = _mapping(container, "resources", path=path, optional=True)
     limits = _mapping(resources, "limits", path=f"{path}.resources", optional=True)
     requests = _mapping(resources, "requests", path=f"{path}.resources", optional=True)
     limit, request = limits.get(resource), requests.get(resource)
@@ -235,7 +236,7 @@ def _collect_asks(spec: Mapping[str, Any], policy: Policy, limits: GpuLimits) ->
     for kind, index, container in _containers(spec):
         path = f"spec.{kind}[{index}]"
         name = container.get("name")
-        label = f"{'init container' if kind == 'initContainers' else 'container'} {name!r}"
+        label = container_label(kind, name)
         memory_raw = _resource(container, path, label, policy.resource_name)
         compute_raw = _resource(container, path, label, policy.compute.resource_name)
         count_raw = _resource(container, path, label, policy.multi_gpu.resource_name)

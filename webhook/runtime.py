@@ -37,15 +37,19 @@ class NoNodes:
         return None
 
 
-def read_policy(path: Path) -> Policy:
-    """Read and parse a policy file; every failure is a PolicyError naming the file."""
+def read_policy_text(path: Path) -> str:
+    """The text of a policy file; a failure to read it is a PolicyError naming the file."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise PolicyError(f"{path}: no such policy file") from None
     except (OSError, UnicodeDecodeError) as error:
         raise PolicyError(f"{path}: cannot read the policy: {error}") from None
-    return parse_policy_text(text, source=str(path))
+
+
+def read_policy(path: Path) -> Policy:
+    """Read and parse a policy file; every failure is a PolicyError naming the file."""
+    return parse_policy_text(read_policy_text(path), source=str(path))
 
 
 class PolicySource:
@@ -69,7 +73,7 @@ class PolicySource:
         if path is None:
             self._policy, self._digest = DEFAULT_POLICY, ""
         else:
-            text = self._read_text()
+            text = read_policy_text(path)
             self._policy = parse_policy_text(text, source=str(path))  # errors stop start-up
             self._digest = hashlib.sha256(text.encode()).hexdigest()
         self.loaded_at = time.time()
@@ -83,15 +87,6 @@ class PolicySource:
     def digest(self) -> str:
         return self._digest[:12]
 
-    def _read_text(self) -> str:
-        assert self.path is not None
-        try:
-            return self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise PolicyError(f"{self.path}: no such policy file") from None
-        except (OSError, UnicodeDecodeError) as error:
-            raise PolicyError(f"{self.path}: cannot read the policy: {error}") from None
-
     def get(self) -> Policy:
         if self.path is not None and time.monotonic() - self._checked >= self.interval:
             self.refresh()
@@ -104,7 +99,7 @@ class PolicySource:
         with self._lock:
             self._checked = time.monotonic()
             try:
-                text = self._read_text()
+                text = read_policy_text(self.path)
                 digest = hashlib.sha256(text.encode()).hexdigest()
                 if digest == self._digest and not self.error:
                     return False
