@@ -23,4 +23,4 @@ USER 65532:65532
 EXPOSE 8443
 # Probes come from Kubernetes (readinessProbe /readyz, livenessProbe /healthz).
 ENTRYPOINT ["gpushare-webhook", "serve"]
-CMD ["--policy=/etc/gpushare/policy/policy.yaml", "--cert=/etc/gpushare/tls/tls.crt", "--key=/etc/gpushare/tls/tls.key", "--bind=0.0.0.0:8443"]
+CMD ["--policy=/etc/gpushare/policy/policy.yaml", "--cert=/etc/gpushare/tls/tls.crt", "--key=/etc/gpushare/tls/tls.key", "--bind=0.0.0.0:8443", "--watch-nodes"]

@@ -11,7 +11,13 @@ import pytest
 
 PACKAGE = Path(__file__).parent.parent / "webhook"
 # Which third-party import each module may own.
-OWNERS = {"flask": {"app"}, "gunicorn": {"server"}, "cryptography": {"tls"}, "kubernetes": {"kube"}}
+OWNERS = {
+    "flask": {"app"},
+    "gunicorn": {"server"},
+    "cryptography": {"tls"},
+    "kubernetes": {"kube"},
+    "prometheus_client": {"metrics"},
+}
 PURE = {
     "planning",
     "patching",

@@ -187,7 +187,7 @@ def test_deployment_is_hardened_and_highly_available() -> None:
     assert deployment["spec"]["replicas"] == 2
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert spec["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is True  # for --watch-nodes, see the RBAC test
     assert spec["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
     for c in spec["containers"]:
         sc = c["securityContext"]
@@ -203,22 +203,39 @@ def test_deployment_is_hardened_and_highly_available() -> None:
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
 
 
+def granted(docs: list[dict[str, Any]], account: str) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) that the bindings give ``account``."""
+    roles = {
+        (d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in ("Role", "ClusterRole")
+    }
+    found = set()
+    for d in docs:
+        if d["kind"] in ("RoleBinding", "ClusterRoleBinding") and any(
+            s["name"] == account for s in d["subjects"]
+        ):
+            role = roles[(d["roleRef"]["kind"], d["roleRef"]["name"])]
+            for rule in role["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        found |= {(group, resource, verb) for verb in rule["verbs"]}
+    return found
+
+
 def test_rbac_is_least_privilege() -> None:
     docs = render("default")
-    bound = {
-        s["name"]
-        for d in docs
-        if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
-        for s in d["subjects"]
-    }
-    assert "gpushare-webhook" not in bound  # the server itself needs no API access
+    # The server itself may only list and watch nodes, for --watch-nodes.
+    assert granted(docs, "gpushare-webhook") == {("", "nodes", "list"), ("", "nodes", "watch")}
+    webhook_args = find("default", "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--watch-nodes" in webhook_args["args"]
     for doc in docs:
         if doc["kind"] in ("Role", "ClusterRole"):
             for rule in doc["rules"]:
                 assert "*" not in rule["verbs"]
                 assert "*" not in rule["resources"]
-                if set(rule["verbs"]) - {"create"}:
+                if set(rule["verbs"]) - {"create", "list", "watch"}:
                     assert rule.get("resourceNames"), rule
+                if set(rule["verbs"]) & {"list", "watch"}:
+                    assert rule["resources"] == ["nodes"], rule  # nothing secret is listed
 
 
 def dockerfile() -> str:

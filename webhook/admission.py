@@ -7,6 +7,7 @@ CLI and the benchmarks all run exactly this code.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import traceback
@@ -36,6 +37,7 @@ class Result:
     namespace: str = ""
     name: str = ""
     error: str = ""
+    dry_run: bool = False
 
     @property
     def outcome(self) -> str:
@@ -84,8 +86,14 @@ def admit(
     body: bytes,
     policy: Policy,
     nodes: Sequence[GpuNode] | None = None,
+    *,
+    note: str = "",
 ) -> Result:
-    """Answer one AdmissionReview body. Never raises."""
+    """Answer one AdmissionReview body. Never raises.
+
+    ``note`` (why the nodes are not known) is added to the warnings of
+    every GPU pod, whose bounds then come from the policy.
+    """
     try:
         api_version, request = decode(body)
     except ReviewError as error:
@@ -93,8 +101,11 @@ def admit(
     uid = request["uid"]
     namespace = request.get("namespace") or ""
     name = _pod_name(request)
+    dry_run = request.get("dryRun") is True
     try:
         decision = decide(request, policy, nodes)
+        if note and decision.outcome != "untouched":
+            decision = dataclasses.replace(decision, warnings=(*decision.warnings, note))
         answer = _respond(uid, decision)
     except Exception as error:  # a bug must become a denial, never a dropped pod
         # NB: like controller-runtime's panic recovery, the failure is answered
@@ -109,6 +120,7 @@ def admit(
             namespace=namespace,
             name=name,
             error=repr(error),
+            dry_run=dry_run,
         )
     return Result(
         status=200,
@@ -117,13 +129,16 @@ def admit(
         uid=uid,
         namespace=namespace,
         name=name,
+        dry_run=dry_run,
     )
 
 
 def _respond(uid: str, decision: Decision) -> Any:
     audit = {"decision": decision.outcome, "reason": decision.reason}
     if not decision.allowed:
-        return responses.denied(uid, decision.message, code=decision.code, audit=audit)
+        return responses.denied(
+            uid, decision.message, code=decision.code, warnings=decision.warnings, audit=audit
+        )
     if decision.outcome == "untouched":
         return responses.allowed(uid)
     return responses.patched(uid, decision.patch, warnings=decision.warnings, audit=audit)

@@ -3,7 +3,8 @@
 Owns the pure rule "which GPU size bounds this pod": the policy's
 ``gpuMemory`` when nothing better is known, else the largest single GPU among
 the known GPU nodes, narrowed to the nodes the pod's nodeSelector and
-required node affinity allow. Knows nothing of how nodes are found.
+required node affinity allow; and how a node's reported capacity becomes
+a GPU size. Knows nothing of how nodes are found.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.errors import QuantityError
 from webhook.policy import Policy
+from webhook.quantities import parse_quantity
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,50 @@ class GpuNode:
     gpu_memory: int  # memory of one GPU, in the policy's memory unit
     gpu_count: int
     labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the API says of a node, before the policy decides what is a GPU."""
+
+    name: str
+    labels: Mapping[str, str]
+    capacity: Mapping[str, str]
+
+
+def gpu_node(facts: NodeFacts, policy: Policy) -> GpuNode | None:
+    """The node's single-GPU memory, or None when it reports no (usable) GPU memory.
+
+    The GPU-share device plugin reports the node's total memory under the
+    memory resource and the number of cards under the count resource; one
+    card is the total over the count (rounded down: a card never has more).
+    """
+    memory = _whole(facts.capacity.get(policy.resource_name))
+    if not memory:
+        return None
+    count = _whole(facts.capacity.get(policy.multi_gpu.resource_name))
+    count = count if count else 1  # an older plugin reports memory only: one card
+    if memory // count < 1:
+        return None
+    return GpuNode(
+        name=facts.name, gpu_memory=memory // count, gpu_count=count, labels=facts.labels
+    )
+
+
+def gpu_nodes(facts: Sequence[NodeFacts], policy: Policy) -> tuple[GpuNode, ...]:
+    found = (gpu_node(f, policy) for f in facts)
+    return tuple(node for node in found if node is not None)
+
+
+def _whole(raw: str | None) -> int:
+    """A capacity as a whole number; 0 for missing or malformed (never trusted as a size)."""
+    if raw is None:
+        return 0
+    try:
+        value = parse_quantity(raw).value
+    except QuantityError:
+        return 0
+    return max(int(value), 0)
 
 
 @dataclass(frozen=True)

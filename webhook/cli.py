@@ -10,7 +10,10 @@ import argparse
 import datetime as dt
 import json
 import logging
+import logging.config
+import os
 import re
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,7 +24,7 @@ import yaml
 from webhook import __version__
 from webhook.errors import CertificateError, InputError, PolicyError, WebhookError
 from webhook.policy import DEFAULT_POLICY, Policy, dump_policy
-from webhook.runtime import read_policy
+from webhook.runtime import NodeSource, read_policy
 
 EXIT_OK, EXIT_REJECTED, EXIT_INPUT = 0, 1, 2
 _DURATION = re.compile(r"(\d+)([dhm])")
@@ -64,7 +67,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--worker-class", default=None, choices=("gthread", "sync"), help=argparse.SUPPRESS
     )
+    serve.add_argument(
+        "--watch-nodes",
+        action="store_true",
+        help="read GPU sizes from the cluster's Nodes (list and watch; needs RBAC on nodes)",
+    )
+    serve.add_argument("--kubeconfig", help="kubeconfig for --watch-nodes (default: in-cluster)")
+    serve.add_argument("--context", help="kubeconfig context for --watch-nodes")
+    serve.add_argument(
+        "--no-metrics", dest="metrics", action="store_false", help="do not serve /metrics"
+    )
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.add_argument(
+        "--log-format", default="json", choices=("json", "text"), help="default: %(default)s"
+    )
     serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
 
     mutate = sub.add_parser("mutate", help="preview what admission does to pods or workloads")
@@ -151,14 +167,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from webhook import tls
+    from webhook import logs, tls
     from webhook.app import State, create_app
-    from webhook.runtime import PolicySource
+    from webhook.runtime import NoNodes, PolicySource
     from webhook.server import ServeOptions, WebhookServer
 
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s %(message)s"
-    )
+    log_config = logs.config(args.log_level, args.log_format)
+    logging.config.dictConfig(log_config)
     source = PolicySource(Path(args.policy) if args.policy else None)
     if bool(args.cert) != bool(args.key):
         raise CertificateError("give --cert and --key together, or neither for a development pair")
@@ -181,13 +196,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
     tls.check_pair(cert, key)
-    state = State(policy=source, ready=_readiness(host, int(port)))
+    nodes: NodeSource = NoNodes()
+    start_in_worker: Callable[[], None] | None = None
+    if args.watch_nodes:
+        from webhook import kube
+
+        # Credentials are checked here, so a missing token stops start-up with
+        # a clear error; each worker makes its own client and watch after fork.
+        kube.api_client(args.kubeconfig, args.context)
+        watcher = kube.NodeWatcher(lambda: kube.api_client(args.kubeconfig, args.context))
+        nodes, start_in_worker = watcher, watcher.start
+    owned_dir: Path | None = None
+    state = State(policy=source, nodes=nodes, ready=_readiness(host, int(port), nodes))
+    if args.metrics:
+        from webhook.runtime import prepare_metrics_directory
+
+        owned_dir = prepare_metrics_directory()  # before prometheus_client is imported
+        from webhook import metrics
+
+        state.metrics = metrics.Metrics(source, nodes, cert)
     options = ServeOptions(
         bind=args.bind,
         cert=cert,
         key=key,
         log_level=args.log_level,
         access_log=args.access_log,
+        log_config=log_config,
         **{
             name: value
             for name, value in (
@@ -198,16 +232,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if value is not None
         },
     )
-    WebhookServer(create_app(state), options).run()
+    # gunicorn's own "Listening at" line is empty with reuse_port (each worker binds).
+    logging.getLogger("gpushare_webhook.serve").info(
+        "serving",
+        extra={
+            "fields": {
+                "url": f"https://{args.bind}/mutate",
+                "workers": options.workers,
+                "threads": options.threads,
+                "policy": args.policy or "built-in defaults",
+                "watch_nodes": bool(args.watch_nodes),
+                "metrics": bool(args.metrics),
+            }
+        },
+    )
+    master = os.getpid()
+    try:
+        WebhookServer(create_app(state), options, post_fork=start_in_worker).run()
+    finally:
+        # Workers unwind through here too when they exit; only the master cleans up.
+        if owned_dir is not None and os.getpid() == master:
+            shutil.rmtree(owned_dir, ignore_errors=True)
     return EXIT_OK
 
 
-def _readiness(host: str, port: int, *, ttl: float = 5.0) -> Callable[[], tuple[bool, str]]:
+def _readiness(
+    host: str, port: int, nodes: NodeSource, *, ttl: float = 5.0
+) -> Callable[[], tuple[bool, str]]:
     """Ready once the policy and certificate are loaded and our own port answers TLS.
 
     The policy and pair are loaded before gunicorn starts (or it never
-    starts), so what is left to prove is the listener itself. The result is
-    cached for ``ttl`` seconds: probes should not cost a handshake each.
+    starts), so what is left to prove is the listener itself; and, with
+    --watch-nodes, that the first node list has been answered: a replica
+    that took traffic before would judge pods by the policy's guess. A
+    failed list does not hold readiness back (the policy then bounds, and
+    says so). The handshake is cached for ``ttl`` seconds: probes should
+    not cost a handshake each.
     """
     import time
 
@@ -220,6 +280,9 @@ def _readiness(host: str, port: int, *, ttl: float = 5.0) -> Callable[[], tuple[
     cache: dict[str, Any] = {"at": -ttl, "result": (False, "not checked yet")}
 
     def ready() -> tuple[bool, str]:
+        status = nodes.status()
+        if status.watching and not status.tried:
+            return False, "waiting for the first node list"
         now = time.monotonic()
         if now - cache["at"] >= ttl:
             problem = tls.handshake(target, port)

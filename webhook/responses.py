@@ -49,7 +49,12 @@ def patched(
 
 
 def denied(
-    uid: str, message: str, *, code: int = 403, audit: Mapping[str, str] | None = None
+    uid: str,
+    message: str,
+    *,
+    code: int = 403,
+    warnings: Sequence[str] = (),
+    audit: Mapping[str, str] | None = None,
 ) -> Response:
     reason = "Forbidden" if code == 403 else "BadRequest" if code == 400 else "InternalError"
     response: Response = {
@@ -57,7 +62,7 @@ def denied(
         "allowed": False,
         "status": {"code": code, "message": message, "reason": reason},
     }
-    _decorate(response, (), audit)
+    _decorate(response, warnings, audit)
     return response
 
 

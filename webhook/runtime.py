@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,17 +26,51 @@ from webhook.errors import PolicyError
 from webhook.policy import DEFAULT_POLICY, Policy, parse_policy_text
 
 log = logging.getLogger("gpushare_webhook.policy")
+# prometheus-client reads this when first imported, to share counts between processes.
+METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """The GPU nodes a review is checked against, or None to use the policy's gpuMemory.
+
+    ``note`` says why the policy is used although nodes were asked for; it
+    becomes an AdmissionResponse warning on GPU pods.
+    """
+
+    nodes: Sequence[GpuNode] | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """How the node watch is doing, for metrics and logs."""
+
+    watching: bool = False
+    tried: bool = False  # the first list has been answered, or has failed
+    synced: bool = False  # a full list has been read at least once
+    connected: bool = False  # the last call to the API succeeded
+    problem: str = ""
+    nodes: int = 0  # all nodes seen, GPU or not
 
 
 class NodeSource(Protocol):
-    def nodes(self) -> Sequence[GpuNode] | None:
-        """The known GPU nodes, or None when they are not known (fall back to the policy)."""
+    def view(self, policy: Policy) -> NodeView:
+        """The nodes to check a pod against under ``policy``."""
+
+    def status(self) -> NodeStatus:
+        """The state of the source, for metrics."""
 
 
 @dataclass
 class NoNodes:
-    def nodes(self) -> Sequence[GpuNode] | None:
-        return None
+    """Node watching is off: every pod is checked against the policy."""
+
+    def view(self, policy: Policy) -> NodeView:
+        return NodeView()
+
+    def status(self) -> NodeStatus:
+        return NodeStatus()
 
 
 def read_policy_text(path: Path) -> str:
@@ -119,3 +155,23 @@ class PolicySource:
         if changed and self.on_change is not None:
             self.on_change(self)
         return changed
+
+
+def prepare_metrics_directory() -> Path | None:
+    """Make (or empty) the directory the workers share their counts in, and export it.
+
+    Counts from an earlier run must not leak into this one, so the files are
+    removed at start. Returns the directory when it is ours to remove at
+    exit (none was given), else None. Ours lives in memory when it can.
+    """
+    given = os.environ.get(METRICS_ENV)
+    if given:
+        directory = Path(given)
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob("*.db"):
+            stale.unlink()
+        return None
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    directory = Path(tempfile.mkdtemp(prefix="gpushare-metrics-", dir=base))
+    os.environ[METRICS_ENV] = str(directory)
+    return directory

@@ -36,6 +36,7 @@ class ServeOptions:
     timeout: int = 30
     log_level: str = "info"
     access_log: bool = False
+    log_config: dict[str, Any] | None = None  # a dictConfig for gunicorn's loggers too
 
 
 class WebhookServer(BaseApplication):  # type: ignore[misc]
@@ -82,6 +83,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             "errorlog": "-",
             "accesslog": "-" if o.access_log else None,
             "post_fork": post_fork,
+            "logconfig_dict": o.log_config,
             "proc_name": "gpushare-webhook",
             # Requests are small JSON posts; refuse anything else early.
             "limit_request_line": 4094,

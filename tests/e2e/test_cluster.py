@@ -1,0 +1,198 @@
+"""``serve --watch-nodes`` against a local API server, and what the webhook reports.
+
+One webhook process with two workers, nodes served by tests/kubeapi.py:
+the decision follows the nodes as they change, /metrics adds up both
+workers, and every admission is one JSON log line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Server, free_port, start_server, stop_server
+from tests.helpers import container, pod, review
+from tests.kubeapi import FakeApi, serve
+from webhook import tls
+
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, pki: tls.Issued
+) -> Iterator[tuple[FakeApi, Server]]:
+    tmp = tmp_path_factory.mktemp("cluster")
+    with serve(tmp) as (api, kubeconfig):
+        api.put_node("t4-1", memory=16, count=1, labels={"pool": "t4"})
+        api.put_node("a100-1", memory=80, count=2, labels={"pool": "a100"})
+        api.put_node("a100-2", memory=80, count=2, labels={"pool": "a100"})
+        running = start_server(
+            [
+                "--cert", str(pki.cert), "--key", str(pki.key), "--workers", "2",
+                "--watch-nodes", "--kubeconfig", str(kubeconfig),
+            ],
+            ca=pki.ca,
+            log=tmp / "server.log",
+            port=free_port(),
+        )  # fmt: skip
+        try:
+            yield api, running
+        finally:
+            stop_server(running)
+
+
+def ask(server: Server, obj: dict[str, object], **kw: str) -> dict[str, object]:
+    status, body = server.request("POST", "/mutate", json.dumps(review(obj, **kw)).encode(), JSON)
+    assert status == 200, body
+    answer: dict[str, object] = json.loads(body)["response"]
+    return answer
+
+
+def eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not true within {timeout}s")
+
+
+def metrics(server: Server) -> dict[str, float]:
+    status, body = server.request("GET", "/metrics")
+    assert status == 200
+    values = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def test_rejects_against_the_largest_gpu_in_the_cluster(cluster: tuple[FakeApi, Server]) -> None:
+    _, server = cluster
+    # Each worker has its own watch: ask enough times to reach both.
+    for _ in range(4):
+        eventually(lambda: ask(server, pod(container(gpu="40")))["allowed"] is True)
+        answer = ask(server, pod(container(gpu="41")))
+        assert answer["allowed"] is False
+        message = answer["status"]["message"]  # type: ignore[index]
+        assert "the largest GPU has 40 GiB (2 nodes of the cluster's GPU nodes)" in message
+
+
+def test_node_pool_selection_narrows_the_bound(cluster: tuple[FakeApi, Server]) -> None:
+    _, server = cluster
+    answer = ask(server, pod(container(gpu="20"), nodeSelector={"pool": "t4"}))
+    assert answer["allowed"] is False
+    assert "16 GiB (1 node of the GPU nodes this pod's node selector allows)" in str(answer)
+
+
+def test_a_new_node_raises_the_bound_without_a_restart(cluster: tuple[FakeApi, Server]) -> None:
+    api, server = cluster
+    api.put_node("h100-1", memory=94, count=1, labels={"pool": "h100"})
+    for _ in range(4):
+        eventually(lambda: ask(server, pod(container(gpu="94")))["allowed"] is True)
+    api.delete_node("h100-1")
+    for _ in range(4):
+        eventually(lambda: ask(server, pod(container(gpu="94")))["allowed"] is False)
+
+
+def test_metrics_add_up_both_workers(cluster: tuple[FakeApi, Server]) -> None:
+    _, server = cluster
+    before = metrics(server)
+    key = 'gpushare_admission_reviews_total{outcome="rejected",reason="exceeds-gpu"}'
+    pods = 'gpushare_admitted_gpu_pods_total{namespace="quota-test"}'
+    for _ in range(10):  # fresh connections: the kernel spreads them over the workers
+        ask(server, pod(container(gpu="99")))
+        ask(server, pod(container(gpu="3"), container("b", gpu="2")), namespace="quota-test")
+    ask(server, pod(container(gpu="3")), namespace="quota-test")
+    server.request("POST", "/mutate", b"{", JSON)
+    after = metrics(server)
+    assert after[key] - before.get(key, 0) == 10
+    assert after[pods] - before.get(pods, 0) == 11
+    memory = 'gpushare_admitted_gpu_memory_bytes_total{namespace="quota-test"}'
+    assert after[memory] - before.get(memory, 0) == (10 * 5 + 3) * 2**30
+    bad = 'gpushare_admission_reviews_total{outcome="bad-request",reason="bad-request"}'
+    assert after[bad] - before.get(bad, 0) == 1
+    assert after["gpushare_admission_duration_seconds_count"] >= 22
+    assert after["gpushare_gpu_nodes"] == 3
+    assert after["gpushare_largest_gpu_memory_bytes"] == 40 * 2**30
+    assert after["gpushare_gpu_sizes_from_policy"] == 0
+    assert after["gpushare_node_watch_connected"] == 1
+    assert after["gpushare_policy_stale"] == 0
+    assert after["gpushare_certificate_expiry_timestamp_seconds"] > time.time() + 86400
+
+
+def test_one_json_log_line_per_admission(cluster: tuple[FakeApi, Server]) -> None:
+    _, server = cluster
+    obj = pod(container(gpu="2"))
+    obj["metadata"] = {"generateName": "train-", "namespace": "team-a"}
+    ask(server, obj, uid="log-line-uid")
+    line: dict[str, object] = {}
+
+    def logged() -> bool:
+        for raw in server.log.read_text().splitlines():
+            if "log-line-uid" in raw:
+                line.update(json.loads(raw))
+                return True
+        return False
+
+    eventually(logged)
+    assert line["message"] == "admission"
+    assert line["level"] == "info"
+    assert (line["uid"], line["namespace"], line["pod"]) == ("log-line-uid", "team-a", "train-")
+    assert (line["decision"], line["reason"], line["gpu_memory"]) == ("mutated", "mutated", 2)
+    assert isinstance(line["duration_ms"], float)
+    assert "spec" not in json.dumps(line)  # never the pod itself
+    # gunicorn's own lines come out as JSON too.
+    for raw in server.log.read_text().splitlines():
+        if raw.startswith("{"):
+            json.loads(raw)
+        else:
+            assert re.match(r"gpushare-webhook: development", raw) or not raw.strip(), raw
+
+
+def test_without_nodes_the_policy_bounds_and_a_warning_says_so(
+    tmp_path: Path, pki: tls.Issued
+) -> None:
+    with serve(tmp_path) as (api, kubeconfig):
+        api.deny.add(("list", "nodes"))
+        running = start_server(
+            ["--cert", str(pki.cert), "--key", str(pki.key), "--workers", "1",
+             "--watch-nodes", "--kubeconfig", str(kubeconfig)],
+            ca=pki.ca,
+            log=tmp_path / "server.log",
+            port=free_port(),
+        )  # fmt: skip
+        try:
+            answer = ask(running, pod(container(gpu="8")))
+            assert answer["allowed"] is True
+            (warning,) = answer["warnings"]  # type: ignore[misc]
+            assert warning.startswith("GPU sizes come from the policy's gpuMemory (16 GiB)")
+            assert "forbidden to list or watch nodes" in warning  # ready waits for the first list
+            values = metrics(running)
+            assert values["gpushare_gpu_sizes_from_policy"] == 1
+            assert values["gpushare_gpu_size_fallback_reviews_total"] >= 1
+            assert values["gpushare_node_watch_connected"] == 0
+            assert "forbidden to list or watch nodes" in running.log.read_text()
+        finally:
+            stop_server(running)
+
+
+def test_watch_nodes_without_credentials_stops_start_up(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook", "serve", "--watch-nodes",
+         "--kubeconfig", str(tmp_path / "missing"), "--certs-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "no usable Kubernetes credentials" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,227 @@
+"""GPU sizes from the cluster: the list-then-watch of Nodes, against a local API server.
+
+The real ``kubernetes`` client talks HTTP to tests/kubeapi.py; the server
+breaks watches, answers 410 Gone, fails and stalls on request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.kubeapi import FakeApi, serve
+from webhook import kube
+from webhook.capacity import GpuNode, NodeFacts, gpu_node, limits_for
+from webhook.policy import DEFAULT_POLICY, parse_policy
+
+GIB = DEFAULT_POLICY
+
+
+@pytest.mark.parametrize(
+    ("capacity", "expected"),
+    [
+        ({"aliyun.com/gpu-mem": "96", "aliyun.com/gpu-count": "4"}, (24, 4)),
+        ({"aliyun.com/gpu-mem": "15", "aliyun.com/gpu-count": "2"}, (7, 2)),  # round down
+        ({"aliyun.com/gpu-mem": "16"}, (16, 1)),  # memory only: one card
+        ({"aliyun.com/gpu-mem": "16", "aliyun.com/gpu-count": "0"}, (16, 1)),
+        ({"aliyun.com/gpu-mem": "1", "aliyun.com/gpu-count": "2"}, None),  # under one unit
+        ({"aliyun.com/gpu-mem": "0", "aliyun.com/gpu-count": "1"}, None),
+        ({"aliyun.com/gpu-mem": "lots", "aliyun.com/gpu-count": "1"}, None),
+        ({"aliyun.com/gpu-mem": "-8"}, None),
+        ({"nvidia.com/gpu": "1", "cpu": "8"}, None),  # a GPU, but not a shared one
+        ({}, None),
+    ],
+)
+def test_gpu_node_from_capacity(capacity: dict[str, str], expected: tuple[int, int] | None) -> None:
+    node = gpu_node(NodeFacts("n1", {}, capacity), DEFAULT_POLICY)
+    assert (node and (node.gpu_memory, node.gpu_count)) == expected
+
+
+def test_gpu_node_follows_the_policy_resource_names() -> None:
+    policy = parse_policy(
+        {"resourceName": "example.com/vram", "multiGpu": {"resourceName": "example.com/cards"}}
+    )
+    facts = NodeFacts("n1", {}, {"example.com/vram": "80", "example.com/cards": "2"})
+    assert gpu_node(facts, policy) == GpuNode("n1", 40, 2, {})
+    assert gpu_node(facts, DEFAULT_POLICY) is None
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[FakeApi, Path]]:
+    with serve(tmp_path) as (api, kubeconfig):
+        yield api, kubeconfig
+
+
+@pytest.fixture
+def watcher(cluster: tuple[FakeApi, Path]) -> Iterator[kube.NodeWatcher]:
+    _, kubeconfig = cluster
+    running = kube.NodeWatcher(
+        lambda: kube.api_client(str(kubeconfig)),
+        watch_timeout=2,
+        request_timeout=2,
+        backoff=(0.05, 0.2),
+    )
+    yield running
+    running.stop()
+
+
+def eventually(check: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not true within {timeout}s: {check}")
+
+
+def sizes(watcher: kube.NodeWatcher) -> dict[str, int]:
+    return {n.name: n.gpu_memory for n in watcher.view(DEFAULT_POLICY).nodes or ()}
+
+
+def test_lists_then_follows_added_modified_and_deleted_nodes(
+    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
+) -> None:
+    api, _ = cluster
+    api.put_node("a", memory=48, count=2)
+    api.put_node("cpu-only", memory=0, count=0)
+    watcher.start()
+    eventually(lambda: sizes(watcher) == {"a": 24})
+    assert watcher.status().synced
+    assert watcher.status().nodes == 2
+    api.put_node("b", memory=80, count=1, labels={"pool": "a100"})
+    eventually(lambda: sizes(watcher) == {"a": 24, "b": 80})
+    api.put_node("a", memory=96, count=2)
+    eventually(lambda: sizes(watcher) == {"a": 48, "b": 80})
+    api.delete_node("b")
+    eventually(lambda: sizes(watcher) == {"a": 48})
+    assert watcher.lists == 1  # every change came through the watch
+
+
+def test_a_broken_watch_resumes_without_a_new_list(
+    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
+) -> None:
+    api, _ = cluster
+    api.put_node("a", memory=24, count=1)
+    watcher.start()
+    eventually(lambda: sizes(watcher) == {"a": 24})
+    api.break_watch_after = 1  # the stream is cut after one more event
+    api.put_node("b", memory=40, count=1)
+    api.put_node("c", memory=80, count=1)
+    eventually(lambda: sizes(watcher) == {"a": 24, "b": 40, "c": 80})
+    assert watcher.lists == 1
+    assert watcher.watches >= 2
+
+
+def test_410_gone_lists_again(cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher) -> None:
+    api, _ = cluster
+    api.put_node("a", memory=24, count=1)
+    watcher.start()
+    eventually(lambda: sizes(watcher) == {"a": 24})
+    # The apiserver has compacted past our resourceVersion; meanwhile a node changed.
+    api.gone_before = api.version + 10
+    with api.lock:
+        api.nodes["a"]["status"]["capacity"]["aliyun.com/gpu-mem"] = "32"
+        api.version += 10
+    api.break_watch_after = 0
+    api.put_node("z", memory=8, count=1)  # wakes the watch, which is then cut
+    eventually(lambda: watcher.lists >= 2)
+    eventually(lambda: sizes(watcher) == {"a": 32, "z": 8})
+
+
+def test_unreachable_api_falls_back_to_the_policy_and_says_why(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    with serve(tmp_path) as (_, path):
+        kubeconfig.write_text(path.read_text())
+    # The server is gone now: nothing listens on its port.
+    watcher = kube.NodeWatcher(
+        lambda: kube.api_client(str(kubeconfig)), request_timeout=1, backoff=(0.05, 0.1)
+    )
+    watcher.start()
+    try:
+        eventually(lambda: "cannot reach the Kubernetes API" in watcher.status().problem)
+        view = watcher.view(DEFAULT_POLICY)
+        assert view.nodes is None
+        assert view.note.startswith("GPU sizes come from the policy's gpuMemory (16 GiB)")
+        assert "node list is not available" in view.note
+        assert not watcher.status().synced
+        assert not watcher.status().connected
+    finally:
+        watcher.stop()
+
+
+def test_no_gpu_node_falls_back_to_the_policy(
+    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
+) -> None:
+    api, _ = cluster
+    api.put_node("cpu", memory=0, count=0)
+    watcher.start()
+    eventually(lambda: watcher.status().synced)
+    view = watcher.view(DEFAULT_POLICY)
+    assert view.nodes is None
+    assert "no node reports aliyun.com/gpu-mem" in view.note
+
+
+def test_errors_keep_the_last_known_nodes_then_recover(
+    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
+) -> None:
+    api, _ = cluster
+    api.put_node("a", memory=24, count=1)
+    watcher.start()
+    eventually(lambda: sizes(watcher) == {"a": 24})
+    api.fail_next = 1000
+    api.break_watch_after = 0
+    api.put_node("b", memory=40, count=1)
+    eventually(lambda: "HTTP 500" in watcher.status().problem)
+    assert not watcher.status().connected
+    assert sizes(watcher) == {"a": 24}  # last good state, not the policy
+    assert watcher.view(DEFAULT_POLICY).note == ""
+    api.fail_next = 0
+    eventually(lambda: sizes(watcher) == {"a": 24, "b": 40})
+    eventually(lambda: watcher.status().connected and not watcher.status().problem)
+
+
+def test_forbidden_names_the_missing_permission(
+    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
+) -> None:
+    api, _ = cluster
+    api.deny.add(("list", "nodes"))
+    watcher.start()
+    eventually(lambda: "forbidden" in watcher.status().problem)
+    assert "'list' and 'watch' on nodes" in watcher.status().problem
+    assert "forbidden" in watcher.view(DEFAULT_POLICY).note
+
+
+def test_a_slow_api_does_not_block_reviews(
+    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
+) -> None:
+    api, _ = cluster
+    api.put_node("a", memory=24, count=1)
+    api.delay = 1.0
+    watcher.request_timeout = 0.3  # the API answers slower than the watch waits
+    watcher.start()
+    started = time.monotonic()
+    view = watcher.view(DEFAULT_POLICY)  # answered at once, from what is known
+    assert time.monotonic() - started < 0.1
+    assert view.nodes is None
+    eventually(lambda: "cannot reach" in watcher.status().problem)
+    api.delay = 0
+    eventually(lambda: sizes(watcher) == {"a": 24})
+
+
+def test_limits_narrow_to_the_pool_a_pod_selects(
+    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
+) -> None:
+    api, _ = cluster
+    api.put_node("t4-1", memory=16, count=1, labels={"pool": "t4"})
+    api.put_node("a100-1", memory=80, count=1, labels={"pool": "a100"})
+    api.put_node("a100-2", memory=160, count=2, labels={"pool": "a100"})
+    watcher.start()
+    eventually(lambda: len(sizes(watcher)) == 3)
+    nodes = watcher.view(GIB).nodes
+    everywhere = limits_for({}, GIB, nodes)
+    assert (everywhere.largest_gpu, everywhere.nodes_with_largest) == (80, 2)
+    t4 = limits_for({"nodeSelector": {"pool": "t4"}}, GIB, nodes)
+    assert (t4.largest_gpu, t4.nodes_with_largest) == (16, 1)

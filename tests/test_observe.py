@@ -1,0 +1,159 @@
+"""Metrics and log lines, in one process: what each admission leaves behind."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from flask.testing import FlaskClient
+
+from tests.helpers import container, pod, review
+from tests.test_runtime import swap
+from webhook import logs
+from webhook.app import State, create_app
+from webhook.capacity import GpuNode
+from webhook.metrics import Metrics
+from webhook.policy import Policy
+from webhook.runtime import NodeStatus, NodeView, NoNodes, PolicySource
+
+
+def scrape(client: FlaskClient) -> dict[str, float]:
+    resp = client.get("/metrics")
+    assert resp.status_code == 200
+    assert resp.content_type.startswith("text/plain")
+    values = {}
+    for line in resp.get_data(as_text=True).splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def make(policy: PolicySource | None = None, nodes: object = None) -> FlaskClient:
+    source = policy or PolicySource()
+    node_source = nodes or NoNodes()
+    state = State(policy=source, nodes=node_source, metrics=Metrics(source, node_source))  # type: ignore[arg-type]
+    return create_app(state).test_client()
+
+
+def post(client: FlaskClient, body: object) -> None:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    assert client.post("/mutate", data=data, content_type="application/json").status_code in (
+        200,
+        400,
+    )
+
+
+def test_metrics_are_off_without_a_collector() -> None:
+    resp = create_app().test_client().get("/metrics")
+    assert resp.status_code == 404
+
+
+def test_each_outcome_is_counted_with_its_reason() -> None:
+    client = make()
+    post(client, review(pod(container(gpu="4"))))
+    post(client, review(pod(container(gpu="4")), namespace="team-b"))
+    post(client, review(pod(container(gpu="99"))))
+    post(client, review(pod(container("web"))))
+    post(client, b"[]")
+    dry = review(pod(container(gpu="2")))
+    dry["request"]["dryRun"] = True
+    post(client, dry)
+    values = scrape(client)
+    count = "gpushare_admission_reviews_total"
+    assert values[f'{count}{{outcome="mutated",reason="mutated"}}'] == 3
+    assert values[f'{count}{{outcome="rejected",reason="exceeds-gpu"}}'] == 1
+    assert values[f'{count}{{outcome="untouched",reason="no-gpu-request"}}'] == 1
+    assert values[f'{count}{{outcome="bad-request",reason="bad-request"}}'] == 1
+    assert values["gpushare_admission_duration_seconds_count"] == 6
+    # Dry runs are answered but not counted as admitted.
+    assert values['gpushare_admitted_gpu_pods_total{namespace="team-a"}'] == 1
+    assert values['gpushare_admitted_gpu_memory_bytes_total{namespace="team-b"}'] == 4 * 2**30
+    assert values["gpushare_gpu_sizes_from_policy"] == 1
+    assert values["gpushare_node_watch_enabled"] == 0
+    assert values["gpushare_largest_gpu_memory_bytes"] == 16 * 2**30
+
+
+def test_a_refused_policy_shows_as_stale_until_fixed(tmp_path: Path) -> None:
+    swap(tmp_path, "gpuMemory: 24\n", 1)
+    source = PolicySource(tmp_path / "policy.yaml", interval=0)
+    client = make(source)
+    swap(tmp_path, "gpuMemory: many\n", 2)
+    values = scrape(client)  # a scrape checks the file too, with no reviews coming in
+    assert values["gpushare_policy_stale"] == 1
+    assert values["gpushare_policy_reload_failures_total"] == 1
+    assert values["gpushare_largest_gpu_memory_bytes"] == 24 * 2**30
+    swap(tmp_path, "gpuMemory: 40\n", 3)
+    values = scrape(client)
+    assert values["gpushare_policy_stale"] == 0
+    assert values["gpushare_policy_reloads_total"] == 1
+    assert values["gpushare_largest_gpu_memory_bytes"] == 40 * 2**30
+
+
+class Fixed:
+    """A node source with a fixed answer, for the app's side of the seam."""
+
+    def __init__(self, view: NodeView, status: NodeStatus) -> None:
+        self._view, self._status = view, status
+
+    def view(self, policy: Policy) -> NodeView:
+        return self._view
+
+    def status(self) -> NodeStatus:
+        return self._status
+
+
+def test_node_fallback_is_a_warning_and_a_count() -> None:
+    note = "GPU sizes come from the policy's gpuMemory (16 GiB): no node reports aliyun.com/gpu-mem"
+    client = make(nodes=Fixed(NodeView(note=note), NodeStatus(watching=True, tried=True)))
+    resp = client.post("/mutate", json=review(pod(container(gpu="4"))))
+    assert resp.get_json()["response"]["warnings"] == [note]
+    denied = client.post("/mutate", json=review(pod(container(gpu="40")))).get_json()["response"]
+    assert denied["warnings"] == [note]
+    plain = client.post("/mutate", json=review(pod(container("web")))).get_json()["response"]
+    assert "warnings" not in plain  # not a GPU pod: the bound does not matter
+    assert scrape(client)["gpushare_gpu_size_fallback_reviews_total"] == 2
+
+
+def test_known_nodes_are_reported() -> None:
+    nodes = (GpuNode("a", 80, 8), GpuNode("b", 24, 1))
+    client = make(nodes=Fixed(NodeView(nodes=nodes), NodeStatus(True, True, True, True, "", 5)))
+    values = scrape(client)
+    assert values["gpushare_gpu_nodes"] == 2
+    assert values["gpushare_nodes_known"] == 5
+    assert values["gpushare_largest_gpu_memory_bytes"] == 80 * 2**30
+    assert values["gpushare_gpu_sizes_from_policy"] == 0
+
+
+def test_admission_log_line_has_the_decision_and_no_pod(caplog: pytest.LogCaptureFixture) -> None:
+    client = make()
+    caplog.set_level(logging.INFO, logger="gpushare_webhook.admission")
+    post(client, review(pod(container(gpu="99")), uid="u-1"))
+    (record,) = [r for r in caplog.records if r.name == "gpushare_webhook.admission"]
+    fields = record.fields  # type: ignore[attr-defined]
+    assert fields["uid"] == "u-1"
+    assert fields["decision"] == "rejected"
+    assert fields["reason"] == "exceeds-gpu"
+    assert "asks 99 GiB" in fields["detail"]
+    line = json.loads(logs.JsonFormatter().format(record))
+    assert line["level"] == "info"
+    assert line["message"] == "admission"
+    assert line["uid"] == "u-1"
+    assert "nvcr.io" not in json.dumps(line)  # the image, and so the spec, is not logged
+
+
+def test_bad_requests_log_at_warning(caplog: pytest.LogCaptureFixture) -> None:
+    client = make()
+    caplog.set_level(logging.INFO, logger="gpushare_webhook.admission")
+    post(client, b"{nope")
+    (record,) = [r for r in caplog.records if r.name == "gpushare_webhook.admission"]
+    assert record.levelno == logging.WARNING
+    assert "not valid JSON" in record.fields["error"]  # type: ignore[attr-defined]
+
+
+def test_text_format_puts_fields_after_the_message() -> None:
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "admission", (), None)
+    record.fields = {"uid": "u", "decision": "mutated"}
+    assert logs.TextFormatter().format(record) == "INFO x admission uid=u decision=mutated"
