@@ -132,7 +132,14 @@ def test_webhook_configuration_settings() -> None:
             "operations": ["CREATE"],
             "resources": ["pods"],
             "scope": "Namespaced",
-        }
+        },
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["UPDATE"],
+            "resources": ["pods/ephemeralcontainers"],
+            "scope": "Namespaced",
+        },
     ]
     service = find("default", "Service")
     assert hook["clientConfig"]["service"]["name"] == service["metadata"]["name"]
@@ -155,13 +162,36 @@ MATCH_CASES = [
     (pod(container(resources={"requests": {"aliyun.com/gpu-mem": "1"}})), True),
     (pod(container(resources={"limits": {"cpu": "1"}})), False),
     (pod(container(resources={})), False),
+    (pod(container("x", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])), True),
+    (pod(container("x"), init=[container("i", env=[{"name": "NVIDIA_VISIBLE_DEVICES"}])]), True),
+    (pod(container("x", env=[{"name": "PATH", "value": "/bin"}])), False),
+    (
+        pod(
+            container("x"),
+            ephemeralContainers=[{"name": "d", "env": [{"name": "NVIDIA_VISIBLE_DEVICES"}]}],
+        ),
+        True,
+    ),
+    (pod(container("x"), ephemeralContainers=[{"name": "d", "image": "busybox"}]), False),
 ]
 
 
 @pytest.mark.parametrize(
     ("obj", "expected"),
     MATCH_CASES,
-    ids=["gpu", "plain", "init-gpu", "request-only", "cpu", "empty-resources"],
+    ids=[
+        "gpu",
+        "plain",
+        "init-gpu",
+        "request-only",
+        "cpu",
+        "empty-resources",
+        "visible-devices",
+        "init-visible-devices",
+        "other-env",
+        "ephemeral-visible-devices",
+        "ephemeral-plain",
+    ],
 )
 def test_match_condition_sends_exactly_the_gpu_memory_pods(
     obj: dict[str, Any], expected: bool

@@ -23,7 +23,9 @@ def test_defaults_match_the_documented_ones() -> None:
         "hostPath": "/usr/local/vgpu",
         "mountPath": "/usr/local/vgpu",
         "library": "libvgpu.so",
+        "ldSoPreload": False,
     }
+    assert doc["security"] == {"rejectPrivileged": True, "rejectVisibleDevices": True}
     assert doc["env"]["memoryLimit"] == "CUDA_DEVICE_MEMORY_LIMIT"
     assert doc["excludeNamespaces"] == ["kube-system"]
     assert DEFAULT_POLICY.shim.preload == "/usr/local/vgpu/libvgpu.so"

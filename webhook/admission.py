@@ -19,7 +19,7 @@ from webhook import responses
 from webhook.capacity import GpuLimits, GpuNode, limits_for
 from webhook.decoding import decode
 from webhook.errors import ReviewError
-from webhook.planning import Decision, plan, untouched
+from webhook.planning import Decision, plan, plan_ephemeral, untouched
 from webhook.policy import Policy
 from webhook.reviews import Request
 
@@ -53,7 +53,7 @@ class Result:
 
 def _is_pod(request: Request) -> bool:
     kind = request["kind"]
-    return kind["group"] == "" and kind["kind"] == "Pod" and not request.get("subResource")
+    return kind["group"] == "" and kind["kind"] == "Pod"
 
 
 def _pod_name(request: Request) -> str:
@@ -74,12 +74,18 @@ def decide(
     """The decision for a decoded request: the rules for which requests are looked at."""
     if not _is_pod(request):
         return untouched("not-a-pod")
+    pod = request.get("object")
+    namespace = request.get("namespace") or ""
+    sub = request.get("subResource")
+    if sub == "ephemeralcontainers" and request["operation"] == "UPDATE":
+        return plan_ephemeral(pod, policy, namespace=namespace)
+    if sub:
+        return untouched("subresource")
     if request["operation"] != "CREATE":
         return untouched("not-create")
-    pod = request.get("object")
     spec = pod.get("spec") if isinstance(pod, dict) else None
     limits: GpuLimits = limits_for(spec if isinstance(spec, dict) else {}, policy, nodes)
-    return plan(pod, policy, namespace=request.get("namespace") or "", limits=limits)
+    return plan(pod, policy, namespace=namespace, limits=limits)
 
 
 def admit(

@@ -19,7 +19,7 @@ from webhook import patching
 from webhook.capacity import GpuLimits, limits_from_policy
 from webhook.errors import PodError, QuantityError, ShapeError
 from webhook.patching import Op
-from webhook.policy import Policy
+from webhook.policy import LD_SO_PRELOAD, Policy, overlaps
 from webhook.quantities import parse_quantity, whole_count
 
 VOLUME_NAME = "gpushare-shim"
@@ -114,14 +114,20 @@ def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
 def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | None) -> Decision:
     if not isinstance(pod, Mapping):
         raise ShapeError("object", "a Pod object", pod)
-    if not is_gpu_pod(pod, policy):
-        return untouched("no-gpu-request")
     if namespace and namespace in policy.exclude_namespaces:
         return untouched("excluded-namespace")
+    if not is_gpu_pod(pod, policy):
+        # Not ours to shape, but a pod that names GPUs itself would get them unconfined.
+        spec = pod.get("spec")
+        if isinstance(spec, Mapping):
+            for kind, name, container in _each_container(spec, CONTAINER_KINDS):
+                _check_visible_devices(container, container_label(kind, name), policy)
+        return untouched("no-gpu-request")
     spec = _mapping(pod, "spec")
     metadata = _mapping(pod, "metadata", optional=True)
     limits = limits or limits_from_policy(policy)
     _check_placement(spec, policy)
+    _check_confinement(spec, policy)
     asks = _collect_asks(spec, policy, limits)
     demand = _check_fit(asks, policy, limits)
     warnings: list[str] = []
@@ -197,6 +203,111 @@ def _check_placement(spec: Mapping[str, Any], policy: Policy) -> None:
             "tracks GPU memory per card; remove spec.schedulerName or set it to "
             f"{policy.scheduler_name!r}",
             reason="scheduler-name",
+        )
+
+
+def plan_ephemeral(pod: object, policy: Policy, *, namespace: str = "") -> Decision:
+    """Decide on ephemeral containers added to a running pod (``kubectl debug``).
+
+    They get no GPU from the device plugin and no shim, so they are only
+    checked for the ways they could reach the GPUs anyway.
+    """
+    try:
+        if not isinstance(pod, Mapping):
+            raise ShapeError("object", "a Pod object", pod)
+        if namespace and namespace in policy.exclude_namespaces:
+            return untouched("excluded-namespace")
+        spec = pod.get("spec")
+        if not isinstance(spec, Mapping):
+            return untouched("no-gpu-request")
+        gpu_pod = is_gpu_pod(pod, policy)
+        for kind, name, container in _each_container(spec, ("ephemeralContainers",)):
+            label = f"ephemeral container {name!r}"
+            _check_visible_devices(container, label, policy)
+            if gpu_pod:
+                _check_privilege(container, label, policy, kind)
+    except PodError as error:
+        return Decision(
+            outcome="rejected", reason=error.reason, message=str(error), code=error.code
+        )
+    return untouched("ephemeral-allowed")
+
+
+def _each_container(
+    spec: Mapping[str, Any], kinds: tuple[str, ...]
+) -> list[tuple[str, object, Mapping[str, Any]]]:
+    """Containers of ``kinds``, skipping malformed entries (reported elsewhere, if ours)."""
+    found = []
+    for kind in kinds:
+        containers = spec.get(kind)
+        if isinstance(containers, list):
+            found += [(kind, c.get("name"), c) for c in containers if isinstance(c, Mapping)]
+    return found
+
+
+# NVIDIA's container runtime hides every GPU for these values.
+_NO_DEVICES = {"", "none", "void"}
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+_ADMIN_CAPABILITIES = {"SYS_ADMIN", "CAP_SYS_ADMIN", "ALL"}
+
+
+def _check_confinement(spec: Mapping[str, Any], policy: Policy) -> None:
+    if policy.security.reject_privileged and spec.get("hostPID") is True:
+        raise PodError(
+            "spec.hostPID is true: a GPU-memory pod that shares the node's process namespace "
+            "can reach other pods' GPU processes and memory; remove hostPID",
+            reason="host-pid",
+        )
+    for kind, name, container in _each_container(spec, CONTAINER_KINDS):
+        label = container_label(kind, name)
+        _check_privilege(container, label, policy, kind)
+        _check_visible_devices(container, label, policy)
+
+
+def _check_privilege(container: Mapping[str, Any], label: str, policy: Policy, kind: str) -> None:
+    if not policy.security.reject_privileged:
+        return
+    context = container.get("securityContext")
+    if not isinstance(context, Mapping):
+        return
+    if context.get("privileged") is True:
+        raise PodError(
+            f"{label} sets securityContext.privileged: true; a privileged container sees "
+            "every GPU of the node, past the device cgroup and the GPU shim's limit, in a "
+            "GPU-memory pod: remove privileged",
+            reason="privileged",
+        )
+    capabilities = context.get("capabilities")
+    added = capabilities.get("add") if isinstance(capabilities, Mapping) else None
+    if isinstance(added, list):
+        bad = sorted({str(c) for c in added} & _ADMIN_CAPABILITIES)
+        if bad:
+            raise PodError(
+                f"{label} adds capability {bad[0]} (securityContext.capabilities.add); with it "
+                "a process can remount the GPU shim away or reach other GPUs in a GPU-memory "
+                f"pod: remove {bad[0]}",
+                reason="sys-admin",
+            )
+
+
+def _check_visible_devices(container: Mapping[str, Any], label: str, policy: Policy) -> None:
+    if not policy.security.reject_visible_devices:
+        return
+    env = container.get("env")
+    if not isinstance(env, list):
+        return
+    for index, entry in enumerate(env):
+        if not isinstance(entry, Mapping) or entry.get("name") != VISIBLE_DEVICES:
+            continue
+        value = entry.get("value")
+        if "valueFrom" not in entry and (value is None or str(value).strip() in _NO_DEVICES):
+            continue
+        shown = "(valueFrom)" if "valueFrom" in entry else repr(value)
+        raise PodError(
+            f"{label} sets {VISIBLE_DEVICES} to {shown} (env[{index}]); the NVIDIA runtime "
+            "would hand it those GPUs with no memory limit. GPUs come from the device plugin: "
+            f"remove the variable and ask for {policy.resource_name}",
+            reason="visible-devices",
         )
 
 
@@ -370,9 +481,7 @@ def _volume_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
                 reason="reserved-volume",
             )
         host = volume.get("hostPath")
-        if isinstance(host, Mapping) and _overlaps(
-            str(host.get("path", "")), policy.shim.host_path
-        ):
+        if isinstance(host, Mapping) and overlaps(str(host.get("path", "")), policy.shim.host_path):
             raise PodError(
                 f"spec.volumes[{index}] ({volume.get('name')!r}) mounts host path "
                 f"{host.get('path')!r}, which holds the GPU shim; a GPU pod may not mount it "
@@ -384,25 +493,37 @@ def _volume_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
     return [patching.add("/spec/volumes/-", wanted)]
 
 
-def _overlaps(path: str, other: str) -> bool:
-    a, b = path.rstrip("/") + "/", other.rstrip("/") + "/"
-    return a.startswith(b) or b.startswith(a)
+def _wanted_mounts(policy: Policy) -> dict[str, dict[str, Any]]:
+    """The webhook's mounts in a GPU container, by mount path."""
+    shim_dir = policy.shim.mount_path.rstrip("/") + "/"
+    wanted = {
+        shim_dir: {"name": VOLUME_NAME, "mountPath": policy.shim.mount_path, "readOnly": True}
+    }
+    if policy.shim.ld_so_preload:
+        # NB: <hostPath>/ld.so.preload lists the library by its path in the container.
+        wanted[LD_SO_PRELOAD + "/"] = {
+            "name": VOLUME_NAME,
+            "mountPath": LD_SO_PRELOAD,
+            "subPath": "ld.so.preload",
+            "readOnly": True,
+        }
+    return wanted
 
 
 def _mount_ops(
     container: Mapping[str, Any], base: str, ask: ContainerAsk, policy: Policy
 ) -> list[Op]:
-    wanted = {"name": VOLUME_NAME, "mountPath": policy.shim.mount_path, "readOnly": True}
+    wanted = _wanted_mounts(policy)
     mounts = _list(container, "volumeMounts", base)
     shim_dir = policy.shim.mount_path.rstrip("/") + "/"
-    ours: int | None = None
+    ours: dict[str, int] = {}
     for index, mount in enumerate(mounts):
         if not isinstance(mount, Mapping):
             raise ShapeError(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
         path = str(mount.get("mountPath", "")).rstrip("/") + "/"
         name = mount.get("name")
-        if name == VOLUME_NAME and path == shim_dir and ours is None:
-            ours = index
+        if name == VOLUME_NAME and path in wanted and path not in ours:
+            ours[path] = index
         elif name == VOLUME_NAME:
             raise PodError(
                 f"{ask.label} mounts the webhook's volume {VOLUME_NAME!r} at "
@@ -417,13 +538,24 @@ def _mount_ops(
                 f"mount it somewhere outside {policy.shim.mount_path}",
                 reason="shim-mount",
             )
-    if ours is not None:
-        if mounts[ours] == wanted:
-            return []
-        return [patching.replace(f"{base}/volumeMounts/{ours}", wanted)]
-    if container.get("volumeMounts") is None:
-        return [patching.set_field(container, "volumeMounts", base, [wanted])]
-    return [patching.add(f"{base}/volumeMounts/-", wanted)]
+        elif path in wanted:
+            raise PodError(
+                f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
+                "webhook puts the list of preloaded libraries; it would drop the GPU shim: "
+                "remove that mount",
+                reason="shim-mount",
+            )
+    ops: list[Op] = []
+    missing = []
+    for path, mount in wanted.items():
+        if path in ours:
+            if mounts[ours[path]] != mount:
+                ops.append(patching.replace(f"{base}/volumeMounts/{ours[path]}", mount))
+        else:
+            missing.append(mount)
+    if missing and container.get("volumeMounts") is None:
+        return [patching.set_field(container, "volumeMounts", base, missing)]
+    return ops + [patching.add(f"{base}/volumeMounts/-", mount) for mount in missing]
 
 
 def _limit_env(ask: ContainerAsk, policy: Policy) -> dict[str, str]:

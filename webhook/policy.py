@@ -37,11 +37,27 @@ class Shim:
     host_path: str = "/usr/local/vgpu"
     mount_path: str = "/usr/local/vgpu"
     library: str = "libvgpu.so"
+    # Also preload through /etc/ld.so.preload, which a process cannot drop by
+    # clearing its environment: <hostPath>/ld.so.preload is mounted there.
+    ld_so_preload: bool = False
 
     @property
     def preload(self) -> str:
         """The path put first in LD_PRELOAD."""
         return f"{self.mount_path.rstrip('/')}/{self.library}"
+
+
+LD_SO_PRELOAD = "/etc/ld.so.preload"
+
+
+@dataclass(frozen=True)
+class Security:
+    """What a GPU-memory pod may not do, because it would reach past the shim."""
+
+    # privileged, hostPID or CAP_SYS_ADMIN: every GPU of the node, past the device cgroup.
+    reject_privileged: bool = True
+    # NVIDIA_VISIBLE_DEVICES set by the user: the NVIDIA runtime would expose those GPUs.
+    reject_visible_devices: bool = True
 
 
 @dataclass(frozen=True)
@@ -83,6 +99,7 @@ class Policy:
     env: EnvNames = field(default_factory=EnvNames)
     compute: Compute = field(default_factory=Compute)
     multi_gpu: MultiGpu = field(default_factory=MultiGpu)
+    security: Security = field(default_factory=Security)
     exclude_namespaces: tuple[str, ...] = ("kube-system",)
 
     @property
@@ -100,6 +117,7 @@ class Policy:
                 "hostPath": self.shim.host_path,
                 "mountPath": self.shim.mount_path,
                 "library": self.shim.library,
+                "ldSoPreload": self.shim.ld_so_preload,
             },
             "env": {"memoryLimit": self.env.memory_limit, "smLimit": self.env.sm_limit},
             "compute": {
@@ -110,6 +128,10 @@ class Policy:
                 "resourceName": self.multi_gpu.resource_name,
                 "memory": self.multi_gpu.memory,
                 "maxGpus": self.multi_gpu.max_gpus,
+            },
+            "security": {
+                "rejectPrivileged": self.security.reject_privileged,
+                "rejectVisibleDevices": self.security.reject_visible_devices,
             },
             "excludeNamespaces": list(self.exclude_namespaces),
         }
@@ -163,6 +185,12 @@ def _positive_int(limit: int | None = None) -> Check:
     return check
 
 
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise PolicyError(f"policy key {key!r}: expected true or false, got {value!r}")
+    return value
+
+
 def _choice(*allowed: str) -> Check:
     def check(key: str, value: Any) -> str:
         if value not in allowed:
@@ -197,7 +225,12 @@ _SCHEMA: dict[str, Check | dict[str, Check]] = {
     "resourceName": _string(_RESOURCE, "a resource name such as aliyun.com/gpu-mem"),
     "memoryUnit": _choice("GiB", "MiB"),
     "gpuMemory": _positive_int(2**40),
-    "shim": {"hostPath": _absolute_path, "mountPath": _absolute_path, "library": _file_name},
+    "shim": {
+        "hostPath": _absolute_path,
+        "mountPath": _absolute_path,
+        "library": _file_name,
+        "ldSoPreload": _bool,
+    },
     "env": {
         "memoryLimit": _string(_ENV_NAME, "an environment variable name"),
         "smLimit": _string(_ENV_NAME, "an environment variable name"),
@@ -213,6 +246,7 @@ _SCHEMA: dict[str, Check | dict[str, Check]] = {
         "memory": _choice("total", "perDevice"),
         "maxGpus": _positive_int(1024),
     },
+    "security": {"rejectPrivileged": _bool, "rejectVisibleDevices": _bool},
     "excludeNamespaces": _namespaces,
 }
 
@@ -249,6 +283,7 @@ def parse_policy(document: object) -> Policy:
     doc = _checked(document, _SCHEMA, "")
     shim, env = doc.get("shim", {}), doc.get("env", {})
     compute, multi = doc.get("compute", {}), doc.get("multiGpu", {})
+    security = doc.get("security", {})
     d = DEFAULT_POLICY
     policy = Policy(
         scheduler_name=doc.get("schedulerName", d.scheduler_name),
@@ -259,6 +294,7 @@ def parse_policy(document: object) -> Policy:
             host_path=shim.get("hostPath", d.shim.host_path),
             mount_path=shim.get("mountPath", d.shim.mount_path),
             library=shim.get("library", d.shim.library),
+            ld_so_preload=shim.get("ldSoPreload", d.shim.ld_so_preload),
         ),
         env=EnvNames(
             memory_limit=env.get("memoryLimit", d.env.memory_limit),
@@ -273,6 +309,12 @@ def parse_policy(document: object) -> Policy:
             memory=multi.get("memory", d.multi_gpu.memory),
             max_gpus=multi.get("maxGpus", d.multi_gpu.max_gpus),
         ),
+        security=Security(
+            reject_privileged=security.get("rejectPrivileged", d.security.reject_privileged),
+            reject_visible_devices=security.get(
+                "rejectVisibleDevices", d.security.reject_visible_devices
+            ),
+        ),
         exclude_namespaces=doc.get("excludeNamespaces", d.exclude_namespaces),
     )
     _cross_check(policy)
@@ -280,6 +322,11 @@ def parse_policy(document: object) -> Policy:
 
 
 def _cross_check(policy: Policy) -> None:
+    if policy.shim.ld_so_preload and overlaps(policy.shim.mount_path, LD_SO_PRELOAD):
+        raise PolicyError(
+            f"policy key 'shim.mountPath': {policy.shim.mount_path!r} overlaps "
+            f"{LD_SO_PRELOAD}, where shim.ldSoPreload mounts the preload list"
+        )
     names = {policy.resource_name, policy.compute.resource_name, policy.multi_gpu.resource_name}
     if len(names) != 3:
         raise PolicyError(
@@ -294,6 +341,12 @@ def _cross_check(policy: Policy) -> None:
             "policy keys 'env.memoryLimit' and 'env.smLimit' must be two different variables, "
             "neither of them LD_PRELOAD"
         )
+
+
+def overlaps(path: str, other: str) -> bool:
+    """True when one path is the other or lies inside it."""
+    a, b = path.rstrip("/") + "/", other.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
 
 
 def parse_policy_text(text: str, *, source: str = "policy") -> Policy:
