@@ -42,9 +42,14 @@ def main() -> None:
     parser.add_argument("--bind", required=True)
     parser.add_argument("--cert", required=True)
     parser.add_argument("--key", required=True)
+    parser.add_argument("--worker-class", default=ServeOptions.worker_class)
     args = parser.parse_args()
     options = ServeOptions(
-        bind=args.bind, cert=Path(args.cert), key=Path(args.key), log_level="warning"
+        bind=args.bind,
+        cert=Path(args.cert),
+        key=Path(args.key),
+        log_level="warning",
+        worker_class=args.worker_class,
     )
     WebhookServer(create_floor(), options).run()
 

@@ -159,6 +159,12 @@ def main() -> int:
         "--quick", action="store_true", help="small trials: the whole run in under a minute"
     )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
+    parser.add_argument(
+        "--worker-class",
+        default="buffering",
+        choices=("buffering", "gthread", "sync"),
+        help="gunicorn worker model of both servers, to compare models (default: %(default)s)",
+    )
     args = parser.parse_args()
     levels = [1, 8, 32]
     trials, requests = (3, 300) if args.quick else (5, 3000)
@@ -167,7 +173,14 @@ def main() -> int:
         issued = tls.ensure_certificates(Path(tmp), dns_names=["localhost"], ips=["127.0.0.1"])
         context = ssl.create_default_context(cafile=str(issued.ca))
         wport, fport = free_port(), free_port()
-        pair = ["--cert", str(issued.cert), "--key", str(issued.key)]
+        pair = [
+            "--cert",
+            str(issued.cert),
+            "--key",
+            str(issued.key),
+            "--worker-class",
+            args.worker_class,
+        ]
         webhook, startup = start(
             [
                 sys.executable,
@@ -213,6 +226,7 @@ def main() -> int:
     results["decision_us"] = decision_us(bodies, 50 if args.quick else 300)
     results["rss_mib"] = {"start": max(rss_start or [0]), "end": max(rss_end or [0])}
     results["startup_s"] = startup
+    results["worker_class"] = args.worker_class
     results["client_cpu_share"] = max(
         v[name]["client_cpu_share"]
         for v in results["concurrency"].values()

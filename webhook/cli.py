@@ -65,7 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=None, help="gunicorn worker processes")
     serve.add_argument("--threads", type=int, default=None, help="threads per worker")
     serve.add_argument(
-        "--worker-class", default=None, choices=("gthread", "sync"), help=argparse.SUPPRESS
+        "--read-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="time a client has from connecting (or its first byte on a kept-alive "
+        "connection) to send a whole request (default: 10)",
+    )
+    serve.add_argument(
+        "--worker-class",
+        default=None,
+        choices=("buffering", "gthread", "sync"),
+        help=argparse.SUPPRESS,  # for comparing worker models in bench/
     )
     serve.add_argument(
         "--watch-nodes",
@@ -228,6 +239,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 ("workers", args.workers),
                 ("threads", args.threads),
                 ("worker_class", args.worker_class),
+                ("read_timeout", args.read_timeout),
             )
             if value is not None
         },
@@ -240,6 +252,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 "url": f"https://{args.bind}/mutate",
                 "workers": options.workers,
                 "threads": options.threads,
+                "worker_class": options.worker_class,
+                "read_timeout": options.read_timeout,
                 "policy": args.policy or "built-in defaults",
                 "watch_nodes": bool(args.watch_nodes),
                 "metrics": bool(args.metrics),

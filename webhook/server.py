@@ -3,25 +3,59 @@
 Owns the worker model and its settings, and hands gunicorn one cached,
 self-reloading SSLContext per worker instead of the context gunicorn would
 build (and re-read from disk) for every accepted connection.
+
+The worker is gunicorn's gthread with one change, :class:`BufferingWorker`:
+the TLS handshake and the reading of each request happen without blocking,
+in the worker's event loop, and a thread is handed only a request that has
+arrived whole. A client that connects and says nothing, stalls in the
+handshake, or sends its headers a byte at a time (slowloris) holds a file
+descriptor until ``read_timeout`` runs out, never a thread, so it cannot
+starve the apiserver's requests.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import re
+import socket
+import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from gunicorn import http
+from gunicorn import sock as gsock
 from gunicorn.app.base import BaseApplication
+from gunicorn.workers.gthread import ThreadWorker
 
 from webhook.tls import ReloadingContext
 
 # gthread with SO_REUSEPORT: keep-alive connections from the apiserver are
-# spread over the workers by the kernel instead of piling onto one, and a
-# slow client ties up one connection, not a worker (see bench/ and README).
-DEFAULT_WORKER_CLASS = "gthread"
+# spread over the workers by the kernel instead of piling onto one; requests
+# are read whole before a thread sees them (see bench/ and README).
+DEFAULT_WORKER_CLASS = "buffering"  # or gunicorn's own "gthread" and "sync", to compare
 DEFAULT_WORKERS = 2
 DEFAULT_THREADS = 4
+DEFAULT_READ_TIMEOUT = 10.0
+# Connections one worker holds at once; past it, new ones wait in the backlog.
+DEFAULT_WORKER_CONNECTIONS = 500
+# A request is read whole up to this size before a thread is involved; a
+# larger body (real reviews are tens of KiB) is read by the thread, each read
+# bounded by read_timeout. It caps what an idle slow client can make us hold.
+BUFFER_LIMIT = 256 * 1024
+HEAD_END = b"\r\n\r\n"
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d{1,12})[ \t]*\r\n", re.IGNORECASE)
+_CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r\n]*chunked", re.IGNORECASE)
+TLS_HANDSHAKE_RECORD = 0x16
+_PLAIN_HTTP_TEXT = b"This port speaks HTTPS only: send the request to https://.\n"
+PLAIN_HTTP_ANSWER = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_PLAIN_HTTP_TEXT), _PLAIN_HTTP_TEXT)
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +68,8 @@ class ServeOptions:
     worker_class: str = DEFAULT_WORKER_CLASS
     keepalive: int = 30
     timeout: int = 30
+    read_timeout: float = DEFAULT_READ_TIMEOUT  # connect (or first byte) to whole request
+    worker_connections: int = DEFAULT_WORKER_CONNECTIONS
     log_level: str = "info"
     access_log: bool = False
     log_config: dict[str, Any] | None = None  # a dictConfig for gunicorn's loggers too
@@ -60,8 +96,12 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
         contexts = self.contexts
         hook = self.post_fork_hook
 
+        socket_class = bounded_socket_class(o.read_timeout)
+
         def ssl_context(_conf: Any, _default_factory: Any) -> Any:
-            return contexts.get()
+            context = contexts.get()
+            context.sslsocket_class = socket_class
+            return context
 
         def post_fork(_server: Any, _worker: Any) -> None:
             if hook is not None:
@@ -78,6 +118,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             "reuse_port": True,
             "keepalive": o.keepalive,
             "timeout": o.timeout,
+            "worker_connections": o.worker_connections,
             "graceful_timeout": 20,
             "loglevel": o.log_level,
             "errorlog": "-",
@@ -93,9 +134,194 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             "worker_tmp_dir": "/dev/shm" if Path("/dev/shm").is_dir() else None,
             "control_socket_disable": True,
         }
+        if o.worker_class == "buffering":
+            settings["worker_class"] = buffering_worker(o.read_timeout)
         for key, value in settings.items():
             if value is not None and key in self.cfg.settings:
                 self.cfg.set(key, value)
 
     def load(self) -> Any:
         return self.application
+
+
+class BoundedSSLSocket(ssl.SSLSocket):
+    """An SSLSocket on which "blocking" means "blocking for at most ``io_timeout``".
+
+    gthread puts a connection's socket in blocking mode before a thread uses
+    it; without a timeout, a client that stops sending halfway through a large
+    body would hold that thread for good. ``SSLContext.sslsocket_class`` makes
+    every served connection one of these.
+    """
+
+    io_timeout: float = DEFAULT_READ_TIMEOUT
+
+    def setblocking(self, flag: bool) -> None:
+        if flag:
+            self.settimeout(self.io_timeout)
+        else:
+            super().setblocking(False)
+
+
+def bounded_socket_class(timeout: float) -> type[BoundedSSLSocket]:
+    return type("BoundedSSLSocket", (BoundedSSLSocket,), {"io_timeout": timeout})
+
+
+class _Reading:
+    """What the event loop knows of a request it is still reading."""
+
+    __slots__ = ("buf", "need", "tls")
+
+    def __init__(self, data: bytes, tls: bool) -> None:
+        self.buf = bytearray(data)
+        self.need = -1  # total bytes of the request, once the head is in
+        self.tls = tls  # True once the handshake is done (or not needed)
+
+
+class BufferingWorker(ThreadWorker):  # type: ignore[misc]
+    """gthread, but a thread only ever gets a request that has arrived whole.
+
+    Every connection that gthread would hand to its thread pool (new,
+    kept-alive and readable again, or with pipelined bytes left over) comes
+    through :meth:`enqueue_req`; until its request is in, it waits in
+    gthread's pending list, on the poller, with a deadline of
+    ``read_timeout``, and :meth:`_progress` advances the TLS handshake and
+    the reading whenever its socket is readable. gthread's own expiry of
+    pending connections closes the ones that run out of time.
+    """
+
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+
+    def enqueue_req(self, conn: Any) -> None:
+        if getattr(conn, "whole", False):
+            conn.whole = False
+            super().enqueue_req(conn)
+            return
+        left = conn.parser.unreader.take_buffered() if conn.parser is not None else b""
+        conn.reading = _Reading(left, tls=conn.initialized or not self.cfg.is_ssl)
+        conn.sock.setblocking(False)
+        conn.timeout = time.monotonic() + self.read_timeout
+        self.pending_conns.append(conn)
+        self._advance(conn)
+
+    def _on_readable(self, conn: Any, _fileobj: Any) -> None:
+        self.poller.unregister(conn.sock)
+        self._advance(conn)
+
+    def _advance(self, conn: Any) -> None:
+        try:
+            whole = self._progress(conn)
+        except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+            self.log.debug("closing connection from %s: %s", conn.client, error)
+            self._drop(conn)
+            return
+        if whole is None:
+            self._drop(conn)
+        elif whole:
+            self.pending_conns.remove(conn)
+            self._hand_over(conn)
+        else:
+            self.poller.register(conn.sock, 1, partial(self._on_readable, conn))
+
+    def _progress(self, conn: Any) -> bool | None:
+        """Read what is there without blocking: True when whole, None to close."""
+        reading: _Reading = conn.reading
+        if not reading.tls:
+            if not isinstance(conn.sock, ssl.SSLSocket):
+                try:
+                    first = conn.sock.recv(1, socket.MSG_PEEK)
+                except BlockingIOError:
+                    return False
+                if not first:
+                    return None
+                if first[0] != TLS_HANDSHAKE_RECORD:
+                    if first.isalpha():  # "POST ...": plain HTTP to the TLS port
+                        _answer_plain_http(conn.sock)
+                    return None
+                conn.sock = gsock.ssl_context(self.cfg).wrap_socket(
+                    conn.sock,
+                    server_side=True,
+                    suppress_ragged_eofs=self.cfg.suppress_ragged_eofs,
+                    do_handshake_on_connect=False,
+                )
+            try:
+                conn.sock.do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return False
+            reading.tls = True
+        if reading.buf and self._whole(reading):
+            return True  # pipelined: the next request was read along with the last
+        while True:
+            try:
+                data = conn.sock.recv(65536)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+                return False
+            if not data:
+                return None  # the client went away before its request was in
+            reading.buf += data
+            if self._whole(reading):
+                return True
+
+    @staticmethod
+    def _whole(reading: _Reading) -> bool:
+        buf = reading.buf
+        if len(buf) >= BUFFER_LIMIT:
+            return True  # the thread reads the rest, or the parser refuses the head
+        if reading.need < 0:
+            end = buf.find(HEAD_END)
+            if end < 0:
+                return False
+            head = bytes(buf[: end + 2])
+            length = _CONTENT_LENGTH.search(head)
+            if length is not None:
+                reading.need = end + len(HEAD_END) + int(length.group(1))
+                if reading.need > BUFFER_LIMIT:
+                    return True  # too large to hold here: the app refuses it or reads it
+            elif _CHUNKED.search(head):
+                # The end of a chunked body is a zero chunk; a chunk that
+                # merely looks like one at a read boundary makes the thread
+                # read the rest itself, still within read_timeout per read.
+                return buf.endswith(b"0\r\n\r\n")
+            else:
+                return True
+        return len(buf) >= reading.need
+
+    def _hand_over(self, conn: Any) -> None:
+        data = bytes(conn.reading.buf)
+        conn.reading = None
+        if conn.parser is None:
+            conn.parser = http.get_parser(self.cfg, conn.sock, conn.client)
+            conn.initialized = True
+        conn.parser.unreader.unread(data)
+        conn.data_ready = True
+        conn.whole = True
+        self.enqueue_req(conn)
+
+    def _drop(self, conn: Any) -> None:
+        with contextlib.suppress(ValueError):  # not pending yet, or no longer
+            self.pending_conns.remove(conn)
+        self.nr_conns -= 1
+        try:
+            conn.close()
+        except OSError as error:
+            if error.errno not in (errno.ENOTCONN, errno.EBADF):
+                self.log.debug("closing connection from %s: %s", conn.client, error)
+
+
+def buffering_worker(read_timeout: float) -> type[BufferingWorker]:
+    return type("BufferingWorker", (BufferingWorker,), {"read_timeout": read_timeout})
+
+
+def _answer_plain_http(raw: socket.socket) -> None:
+    """Say in plain text that this is a TLS port, as Go's servers do.
+
+    What the client already sent is read first: closing a socket with
+    unread bytes sends a reset, which can destroy the answer in flight.
+    """
+    try:
+        for _ in range(16):
+            if not raw.recv(65536):
+                break
+    except BlockingIOError:
+        pass
+    raw.send(PLAIN_HTTP_ANSWER)
+    raw.shutdown(socket.SHUT_WR)
