@@ -1,10 +1,12 @@
-"""Builders shared by the tests: pods, AdmissionReviews and patch application."""
+"""Builders shared by the tests: pods, AdmissionReviews, patch application, ConfigMap swaps."""
 
 from __future__ import annotations
 
 import base64
 import copy
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
@@ -71,3 +73,16 @@ def decode_patch(response: dict[str, Any]) -> list[dict[str, Any]]:
 
 def apply(obj: Any, ops: list[dict[str, Any]]) -> Any:
     return jsonpatch.apply_patch(copy.deepcopy(obj), ops)
+
+
+def swap(directory: Path, text: str, generation: int) -> None:
+    """Update the file the way the kubelet updates a mounted ConfigMap: a symlink swap."""
+    data = directory / f"..{generation}"
+    data.mkdir()
+    (data / "policy.yaml").write_text(text)
+    link = directory / "..data_tmp"
+    link.symlink_to(data.name)
+    os.replace(link, directory / "..data")
+    target = directory / "policy.yaml"
+    if not target.is_symlink():
+        target.symlink_to("..data/policy.yaml")

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import swap
 from webhook.errors import PolicyError
 from webhook.runtime import PolicySource
-
-
-def swap(directory: Path, text: str, generation: int) -> None:
-    """Update the file the way the kubelet updates a mounted ConfigMap: a symlink swap."""
-    data = directory / f"..{generation}"
-    data.mkdir()
-    (data / "policy.yaml").write_text(text)
-    link = directory / "..data_tmp"
-    link.symlink_to(data.name)
-    os.replace(link, directory / "..data")
-    target = directory / "policy.yaml"
-    if not target.is_symlink():
-        target.symlink_to("..data/policy.yaml")
 
 
 def test_reload_follows_the_configmap_symlink_swap(tmp_path: Path) -> None:

@@ -183,7 +183,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from webhook.runtime import NoNodes, PolicySource
     from webhook.server import ServeOptions, WebhookServer
 
-    log_config = logs.config(args.log_level, args.log_format)
+    log_config = logs.config(args.log_level, args.log_format, access=args.access_log)
     logging.config.dictConfig(log_config)
     source = PolicySource(Path(args.policy) if args.policy else None)
     if bool(args.cert) != bool(args.key):

@@ -50,8 +50,13 @@ class TextFormatter(logging.Formatter):
         return text
 
 
-def config(level: str, fmt: LogFormat) -> dict[str, Any]:
-    """A ``logging.config.dictConfig`` document: everything goes to stderr in one format."""
+def config(level: str, fmt: LogFormat, *, access: bool = False) -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` document: everything goes to stderr in one format.
+
+    gunicorn writes access lines whenever it is given a logging config, so
+    without ``access`` its access logger is silenced here: the admission
+    line already says everything an access line would.
+    """
     formatter = JsonFormatter if fmt == "json" else TextFormatter
     return {
         "version": 1,
@@ -68,6 +73,10 @@ def config(level: str, fmt: LogFormat) -> dict[str, Any]:
         "loggers": {
             # gunicorn's loggers hand their lines to the root handler.
             "gunicorn.error": {"level": level.upper(), "handlers": [], "propagate": True},
-            "gunicorn.access": {"level": "INFO", "handlers": [], "propagate": True},
+            "gunicorn.access": {
+                "level": "INFO" if access else "CRITICAL",
+                "handlers": [],
+                "propagate": access,
+            },
         },
     }
