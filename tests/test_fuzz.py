@@ -14,10 +14,13 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import jsonpatch
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +30,7 @@ from webhook.admission import admit
 from webhook.policy import DEFAULT_POLICY
 from webhook.quantities import parse_quantity
 
+ROOT = Path(__file__).parent.parent
 GOLDEN = sorted((Path(__file__).parent / "golden").glob("*/request.json"))
 SEEDS = [json.loads(path.read_text()) for path in GOLDEN]
 
@@ -195,3 +199,22 @@ def test_http_endpoint_never_fails(server: Server, body: bytes, content_type: st
 def test_server_still_serves_after_the_fuzzing(server: Server) -> None:
     status, _ = server.request("GET", "/healthz")
     assert status == 200
+
+
+def test_atheris_harness_runs_clean(tmp_path: Path) -> None:
+    """A short coverage-guided run of fuzz/admit_atheris.py from the golden seeds."""
+    pytest.importorskip("atheris", reason="atheris ships wheels for x86_64 Linux only")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for path in GOLDEN:
+        (corpus / f"{path.parent.name}.json").write_bytes(path.read_bytes())
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "fuzz" / "admit_atheris.py"), "-runs=20000", str(corpus)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        cwd=tmp_path,  # a crash input would be written here
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "DONE" in done.stderr
