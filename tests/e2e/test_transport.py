@@ -240,3 +240,20 @@ def test_log_names_nothing_alarming(tight: Server) -> None:
     text = Path(tight.log).read_text()
     assert "Traceback" not in text
     assert "Socket error" not in text
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        pytest.param({"Content-Type": "text/plain"}, 415, id="text-plain"),
+        pytest.param({"Content-Type": "application/x-www-form-urlencoded"}, 415, id="form"),
+        pytest.param({}, 415, id="none"),
+        pytest.param({"Content-Type": "application/json; charset=utf-8"}, 200, id="json-charset"),
+    ],
+)
+def test_content_types_over_https(tight: Server, headers: dict[str, str], status: int) -> None:
+    body = json.dumps(review(pod(container(gpu="1")))).encode()
+    got, answer = tight.request("POST", "/mutate", body, headers)
+    assert got == status, answer
+    if status != 200:
+        assert b"application/json" in answer  # the error says what to send
