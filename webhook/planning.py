@@ -9,6 +9,7 @@ hand it a pod and get back a :class:`Decision`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -94,32 +95,32 @@ def plan(
 def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
     """True when any container or init container names the GPU-memory resource."""
     spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, dict):
         return False
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
         if not isinstance(containers, list):
             continue
         for container in containers:
-            resources = container.get("resources") if isinstance(container, Mapping) else None
-            if not isinstance(resources, Mapping):
+            resources = container.get("resources") if isinstance(container, dict) else None
+            if not isinstance(resources, dict):
                 continue
             for section in ("limits", "requests"):
                 values = resources.get(section)
-                if isinstance(values, Mapping) and policy.resource_name in values:
+                if isinstance(values, dict) and policy.resource_name in values:
                     return True
     return False
 
 
 def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | None) -> Decision:
-    if not isinstance(pod, Mapping):
+    if not isinstance(pod, dict):
         raise ShapeError("object", "a Pod object", pod)
     if namespace and namespace in policy.exclude_namespaces:
         return untouched("excluded-namespace")
     if not is_gpu_pod(pod, policy):
         # Not ours to shape, but a pod that names GPUs itself would get them unconfined.
         spec = pod.get("spec")
-        if isinstance(spec, Mapping):
+        if isinstance(spec, dict):
             for kind, name, container in _each_container(spec, CONTAINER_KINDS):
                 _check_visible_devices(container, container_label(kind, name), policy)
         return untouched("no-gpu-request")
@@ -159,7 +160,7 @@ def _mapping(parent: Mapping[str, Any], key: str, *, path: str = "", optional: b
     value = parent.get(key)
     if value is None and optional:
         return {}
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         raise ShapeError(where, "an object", value)
     return value
 
@@ -174,10 +175,10 @@ def _list(parent: Mapping[str, Any], key: str, path: str) -> list[Any]:
 
 
 def _containers(spec: Mapping[str, Any]) -> list[tuple[str, int, Mapping[str, Any]]]:
-    found = []
+    found: list[tuple[str, int, Mapping[str, Any]]] = []
     for kind in CONTAINER_KINDS:
         for index, container in enumerate(_list(spec, kind, "spec")):
-            if not isinstance(container, Mapping):
+            if not isinstance(container, dict):
                 raise ShapeError(f"spec.{kind}[{index}]", "a container object", container)
             found.append((kind, index, container))
     return found
@@ -213,12 +214,12 @@ def plan_ephemeral(pod: object, policy: Policy, *, namespace: str = "") -> Decis
     checked for the ways they could reach the GPUs anyway.
     """
     try:
-        if not isinstance(pod, Mapping):
+        if not isinstance(pod, dict):
             raise ShapeError("object", "a Pod object", pod)
         if namespace and namespace in policy.exclude_namespaces:
             return untouched("excluded-namespace")
         spec = pod.get("spec")
-        if not isinstance(spec, Mapping):
+        if not isinstance(spec, dict):
             return untouched("no-gpu-request")
         gpu_pod = is_gpu_pod(pod, policy)
         for kind, name, container in _each_container(spec, ("ephemeralContainers",)):
@@ -237,11 +238,11 @@ def _each_container(
     spec: Mapping[str, Any], kinds: tuple[str, ...]
 ) -> list[tuple[str, object, Mapping[str, Any]]]:
     """Containers of ``kinds``, skipping malformed entries (reported elsewhere, if ours)."""
-    found = []
+    found: list[tuple[str, object, Mapping[str, Any]]] = []
     for kind in kinds:
         containers = spec.get(kind)
         if isinstance(containers, list):
-            found += [(kind, c.get("name"), c) for c in containers if isinstance(c, Mapping)]
+            found += [(kind, c.get("name"), c) for c in containers if isinstance(c, dict)]
     return found
 
 
@@ -268,7 +269,7 @@ def _check_privilege(container: Mapping[str, Any], label: str, policy: Policy, k
     if not policy.security.reject_privileged:
         return
     context = container.get("securityContext")
-    if not isinstance(context, Mapping):
+    if not isinstance(context, dict):
         return
     if context.get("privileged") is True:
         raise PodError(
@@ -278,7 +279,7 @@ def _check_privilege(container: Mapping[str, Any], label: str, policy: Policy, k
             reason="privileged",
         )
     capabilities = context.get("capabilities")
-    added = capabilities.get("add") if isinstance(capabilities, Mapping) else None
+    added = capabilities.get("add") if isinstance(capabilities, dict) else None
     if isinstance(added, list):
         bad = sorted({str(c) for c in added} & _ADMIN_CAPABILITIES)
         if bad:
@@ -297,7 +298,7 @@ def _check_visible_devices(container: Mapping[str, Any], label: str, policy: Pol
     if not isinstance(env, list):
         return
     for index, entry in enumerate(env):
-        if not isinstance(entry, Mapping) or entry.get("name") != VISIBLE_DEVICES:
+        if not isinstance(entry, dict) or entry.get("name") != VISIBLE_DEVICES:
             continue
         value = entry.get("value")
         if "valueFrom" not in entry and (value is None or str(value).strip() in _NO_DEVICES):
@@ -311,30 +312,42 @@ def _check_visible_devices(container: Mapping[str, Any], label: str, policy: Pol
         )
 
 
-def _resource(container: Mapping[str, Any], path: str, label: str, resource: str) -> object | None:
-    """The limit of ``resource``, after checking requests agree with it."""
+def _resources(container: Mapping[str, Any], path: str) -> tuple[Mapping[str, Any], ...]:
+    """(limits, requests) of a container, each {} when absent."""
     resources = _mapping(container, "resources", path=path, optional=True)
     limits = _mapping(resources, "limits", path=f"{path}.resources", optional=True)
     requests = _mapping(resources, "requests", path=f"{path}.resources", optional=True)
-    limit, request = limits.get(resource), requests.get(resource)
-    if request is not None and limit is None:
+    return limits, requests
+
+
+def _resource(
+    limits: Mapping[str, Any], requests: Mapping[str, Any], label: str, resource: str
+) -> object | None:
+    """The limit of ``resource``, after checking requests agree with it."""
+    limit: object | None = limits.get(resource)
+    request: object | None = requests.get(resource)
+    if request is None:
+        return limit
+    if limit is None:
         raise QuantityError(
             f"{label} requests {resource}: {request!r} but sets no limit for it; extended "
             f"resources must be set in resources.limits (requests may be left out): add "
             f"limits.{resource}: {request!r}",
             reason="request-without-limit",
         )
-    if request is not None and limit is not None and not _same_quantity(request, limit):
+    if not _same_quantity(request, limit):
         raise QuantityError(
             f"{label} requests {resource}: {request!r} but limits it to {limit!r}; extended "
             "resources cannot be overcommitted, so requests must equal limits: set both to "
             f"{limit!r} (or drop the request)",
             reason="request-differs",
         )
-    return limit  # type: ignore[no-any-return]
+    return limit
 
 
 def _same_quantity(a: object, b: object) -> bool:
+    if a == b:
+        return True  # the usual case, "4" and "4"; if malformed, reading the limit says so
     try:
         return parse_quantity(a).value == parse_quantity(b).value
     except QuantityError:
@@ -348,9 +361,10 @@ def _collect_asks(spec: Mapping[str, Any], policy: Policy, limits: GpuLimits) ->
         path = f"spec.{kind}[{index}]"
         name = container.get("name")
         label = container_label(kind, name)
-        memory_raw = _resource(container, path, label, policy.resource_name)
-        compute_raw = _resource(container, path, label, policy.compute.resource_name)
-        count_raw = _resource(container, path, label, policy.multi_gpu.resource_name)
+        limits_, requests = _resources(container, path)
+        memory_raw = _resource(limits_, requests, label, policy.resource_name)
+        compute_raw = _resource(limits_, requests, label, policy.compute.resource_name)
+        count_raw = _resource(limits_, requests, label, policy.multi_gpu.resource_name)
         if memory_raw is None:
             extra = policy.compute.resource_name if compute_raw is not None else None
             extra = extra or (policy.multi_gpu.resource_name if count_raw is not None else None)
@@ -470,7 +484,7 @@ def _volume_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
     wanted = _shim_volume(policy)
     volumes = _list(spec, "volumes", "spec")
     for index, volume in enumerate(volumes):
-        if not isinstance(volume, Mapping):
+        if not isinstance(volume, dict):
             raise ShapeError(f"spec.volumes[{index}]", "a volume object", volume)
         if volume.get("name") == VOLUME_NAME:
             if volume == wanted:
@@ -481,7 +495,7 @@ def _volume_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
                 reason="reserved-volume",
             )
         host = volume.get("hostPath")
-        if isinstance(host, Mapping) and overlaps(str(host.get("path", "")), policy.shim.host_path):
+        if isinstance(host, dict) and overlaps(str(host.get("path", "")), policy.shim.host_path):
             raise PodError(
                 f"spec.volumes[{index}] ({volume.get('name')!r}) mounts host path "
                 f"{host.get('path')!r}, which holds the GPU shim; a GPU pod may not mount it "
@@ -518,7 +532,7 @@ def _mount_ops(
     shim_dir = policy.shim.mount_path.rstrip("/") + "/"
     ours: dict[str, int] = {}
     for index, mount in enumerate(mounts):
-        if not isinstance(mount, Mapping):
+        if not isinstance(mount, dict):
             raise ShapeError(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
         path = str(mount.get("mountPath", "")).rstrip("/") + "/"
         name = mount.get("name")
@@ -575,14 +589,12 @@ def _env_ops(
 ) -> list[Op]:
     env = _list(container, "env", base)
     wanted = _limit_env(ask, policy)
-    shadow = re.compile(
-        rf"({re.escape(policy.env.memory_limit)}|{re.escape(policy.env.sm_limit)})_\d+"
-    )
+    shadow = _shadow_pattern(policy.env.memory_limit, policy.env.sm_limit)
     preload_value = _user_preload(env, ask)
     new_env: list[Any] = []
     seen: set[str] = set()
     for index, entry in enumerate(env):
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise ShapeError(f"{ask.label} env[{index}]", "an object with a string name", entry)
         name = entry["name"]
         if name in wanted or name == PRELOAD:
@@ -614,10 +626,16 @@ def _env_ops(
     return [patching.set_field(container, "env", base, new_env)]
 
 
+@functools.cache
+def _shadow_pattern(memory_limit: str, sm_limit: str) -> re.Pattern[str]:
+    """Per-device variants of the limit variables (``CUDA_DEVICE_MEMORY_LIMIT_3``)."""
+    return re.compile(rf"({re.escape(memory_limit)}|{re.escape(sm_limit)})_\d+")
+
+
 def _user_preload(env: list[Any], ask: ContainerAsk) -> str:
     value = ""
     for entry in env:
-        if isinstance(entry, Mapping) and entry.get("name") == PRELOAD:
+        if isinstance(entry, dict) and entry.get("name") == PRELOAD:
             if "valueFrom" in entry:
                 raise PodError(
                     f"{ask.label} sets {PRELOAD} with valueFrom; the webhook must know its value "
@@ -657,7 +675,7 @@ def _annotation_ops(
         if not metadata:
             return [patching.add("/metadata", {"annotations": {STATUS_ANNOTATION: value}})]
         return [patching.add("/metadata/annotations", {STATUS_ANNOTATION: value})]
-    if not isinstance(annotations, Mapping):
+    if not isinstance(annotations, dict):
         raise ShapeError("metadata.annotations", "an object", annotations)
     if annotations.get(STATUS_ANNOTATION) == value:
         return []

@@ -62,6 +62,9 @@ def parse_quantity(raw: object) -> Quantity:
     Raises QuantityError (with a message lacking the container, which callers
     add) when the value does not follow the grammar.
     """
+    # Fast path: nearly every GPU quantity is a small plain integer ("4").
+    if type(raw) is str and len(raw) <= 18 and raw.isascii() and raw.isdigit():
+        return Quantity(text=raw, value=Fraction(int(raw)), suffix="")
     if isinstance(raw, bool) or not isinstance(raw, str | int | float):
         raise QuantityError(f'{raw!r} is not a quantity (use a string such as "4")')
     text = raw if isinstance(raw, str) else repr(raw)
