@@ -75,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--worker-class",
         default=None,
-        choices=("buffering", "gthread", "sync"),
-        help=argparse.SUPPRESS,  # for comparing worker models in bench/
+        choices=("buffering", "gthread", "sync", "gevent"),
+        help=argparse.SUPPRESS,  # for comparing worker models in bench/ (gevent: if installed)
     )
     serve.add_argument(
         "--watch-nodes",
@@ -216,7 +216,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # a clear error; each worker makes its own client and watch after fork.
         kube.api_client(args.kubeconfig, args.context)
         watcher = kube.NodeWatcher(lambda: kube.api_client(args.kubeconfig, args.context))
-        nodes, start_in_worker = watcher, watcher.start
+        nodes, start_in_worker = watcher, watcher.start_and_wait
     owned_dir: Path | None = None
     state = State(policy=source, nodes=nodes, ready=_readiness(host, int(port), nodes))
     if args.metrics:

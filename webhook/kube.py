@@ -315,6 +315,7 @@ class NodeWatcher:
         self._cache: tuple[int, Policy, NodeView] | None = None
         self._status = NodeStatus(watching=True, problem="node list not read yet")
         self._stop = threading.Event()
+        self._tried = threading.Event()  # set once the first list has been answered or failed
         self._watch: watch.Watch | None = None
         self._thread: threading.Thread | None = None
         self.lists = 0
@@ -354,6 +355,18 @@ class NodeWatcher:
         self._thread = threading.Thread(target=self._run, name="node-watch", daemon=True)
         self._thread.start()
 
+    def start_and_wait(self, timeout: float = 5.0) -> None:
+        """Start, and give the first list up to ``timeout`` to arrive.
+
+        Each worker runs its own watch; waiting here (after fork, before the
+        worker takes connections) keeps a new worker from bounding pods by
+        the policy's guess while the cluster's answer is a few ms away. An
+        API that does not answer in time only delays the worker, which then
+        falls back as usual.
+        """
+        self.start()
+        self._tried.wait(timeout)
+
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         if self._watch is not None:
@@ -364,6 +377,8 @@ class NodeWatcher:
     def _set(self, **changes: Any) -> None:
         old = self._status
         self._status = dataclasses.replace(old, **changes)
+        if self._status.tried:
+            self._tried.set()
         if self._status.problem and self._status.problem != old.problem:
             log.warning("node watch: %s", self._status.problem)
         elif old.problem and not self._status.problem:
