@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import re
 import socket
 import ssl
+import struct
+import termios
 import time
 from collections.abc import Callable
+from concurrent import futures
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -47,6 +51,10 @@ DEFAULT_WORKER_CONNECTIONS = 500
 # larger body (real reviews are tens of KiB) is read by the thread, each read
 # bounded by read_timeout. It caps what an idle slow client can make us hold.
 BUFFER_LIMIT = 256 * 1024
+# A review up to this size is answered on the event loop itself (see
+# BufferingWorker.enqueue_req); its answer is small enough to fit the
+# socket's buffers, so writing it does not wait on the client.
+INLINE_LIMIT = 32 * 1024
 HEAD_END = b"\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d{1,12})[ \t]*\r\n", re.IGNORECASE)
 _CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r\n]*chunked", re.IGNORECASE)
@@ -191,10 +199,15 @@ class BufferingWorker(ThreadWorker):  # type: ignore[misc]
 
     read_timeout: float = DEFAULT_READ_TIMEOUT
 
+    _inside = False
+
     def enqueue_req(self, conn: Any) -> None:
         if getattr(conn, "whole", False):
             conn.whole = False
-            super().enqueue_req(conn)
+            if conn.small and not self._inside and not _unsent(conn.sock):
+                self._answer_here(conn)
+            else:
+                super().enqueue_req(conn)
             return
         left = conn.parser.unreader.take_buffered() if conn.parser is not None else b""
         conn.reading = _Reading(left, tls=conn.initialized or not self.cfg.is_ssl)
@@ -202,6 +215,25 @@ class BufferingWorker(ThreadWorker):  # type: ignore[misc]
         conn.timeout = time.monotonic() + self.read_timeout
         self.pending_conns.append(conn)
         self._advance(conn)
+
+    def _answer_here(self, conn: Any) -> None:
+        """Answer a small, whole review on this thread, the event loop's.
+
+        Admission is pure CPU: handing it to a pool thread only adds a
+        GIL handoff and a wake-up pipe write per request, which cost more
+        than the work on two cores (see README "Performance"). Anything
+        else (/readyz does a TLS handshake of its own, large bodies, a
+        client with an answer still unsent) goes to the pool.
+        """
+        # While inside, a pipelined next request (which finish_request picks
+        # up at once) goes to the pool: the loop never recurses into itself.
+        self._inside = True
+        try:
+            done: futures.Future[Any] = futures.Future()
+            done.set_result(self.handle(conn))
+            self.finish_request(conn, done)
+        finally:
+            self._inside = False
 
     def _on_readable(self, conn: Any, _fileobj: Any) -> None:
         self.poller.unregister(conn.sock)
@@ -287,6 +319,7 @@ class BufferingWorker(ThreadWorker):  # type: ignore[misc]
 
     def _hand_over(self, conn: Any) -> None:
         data = bytes(conn.reading.buf)
+        conn.small = len(data) <= INLINE_LIMIT and data.startswith(b"POST /mutate ")
         conn.reading = None
         if conn.parser is None:
             conn.parser = http.get_parser(self.cfg, conn.sock, conn.client)
@@ -325,3 +358,12 @@ def _answer_plain_http(raw: socket.socket) -> None:
         pass
     raw.send(PLAIN_HTTP_ANSWER)
     raw.shutdown(socket.SHUT_WR)
+
+
+def _unsent(sock: socket.socket) -> int:
+    """Bytes this socket has not yet got out to its peer (Linux TIOCOUTQ), 0 if unknown."""
+    try:
+        (count,) = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))
+    except (OSError, ValueError):
+        return 0
+    return int(count)

@@ -236,12 +236,6 @@ def test_a_crowd_of_concurrent_clients_all_get_right_answers(tight: Server) -> N
     assert failures == []
 
 
-def test_log_names_nothing_alarming(tight: Server) -> None:
-    text = Path(tight.log).read_text()
-    assert "Traceback" not in text
-    assert "Socket error" not in text
-
-
 @pytest.mark.parametrize(
     ("headers", "status"),
     [
@@ -257,3 +251,32 @@ def test_content_types_over_https(tight: Server, headers: dict[str, str], status
     assert got == status, answer
     if status != 200:
         assert b"application/json" in answer  # the error says what to send
+
+
+def test_a_client_that_pipelines_and_never_reads_blocks_nobody(tight: Server) -> None:
+    one = json.dumps(review(pod(*(container(f"c{i}", gpu="1") for i in range(4))))).encode()
+    head = (
+        b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(one)
+    )
+    greedy = raw_tls(tight)
+    try:
+        greedy.settimeout(5)
+        for _ in range(60):  # 60 requests at once, a few MB of answers, none read
+            greedy.sendall((head + one) * 10)
+    except (TimeoutError, ssl.SSLError, OSError):
+        pass  # the server stopped reading from it: that is its right
+    try:
+        started = time.monotonic()
+        for _ in range(5):
+            assert honest_review(tight)["allowed"] is True
+        assert time.monotonic() - started < READ_TIMEOUT / 2
+    finally:
+        greedy.close()
+
+
+def test_log_names_nothing_alarming(tight: Server) -> None:
+    # Last in the module: it reads what every test above made the server log.
+    text = Path(tight.log).read_text()
+    assert "Traceback" not in text
+    assert "Socket error" not in text
