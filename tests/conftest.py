@@ -86,6 +86,19 @@ def start_server(
     raise RuntimeError(f"server did not become ready:\n{log.read_text()}")
 
 
+def start_watching(pki: tls.Issued, kubeconfig: Path, log: Path, *, workers: int = 2) -> Server:
+    """``serve --watch-nodes`` against the API server of ``kubeconfig``."""
+    return start_server(
+        [
+            *("--cert", str(pki.cert), "--key", str(pki.key), "--workers", str(workers)),
+            *("--watch-nodes", "--kubeconfig", str(kubeconfig)),
+        ],
+        ca=pki.ca,
+        log=log,
+        port=free_port(),
+    )
+
+
 def stop_server(server: Server) -> None:
     server.process.terminate()
     try:

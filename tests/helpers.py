@@ -6,6 +6,8 @@ import base64
 import copy
 import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +88,13 @@ def swap(directory: Path, text: str, generation: int) -> None:
     target = directory / "policy.yaml"
     if not target.is_symlink():
         target.symlink_to("..data/policy.yaml")
+
+
+def eventually(check: Callable[[], object], timeout: float = 15.0) -> None:
+    """Wait until ``check()`` is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not true within {timeout}s")

@@ -7,11 +7,12 @@ breaks watches, answers 410 Gone, fails and stalls on request.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import eventually
 from tests.kubeapi import FakeApi, serve
 from webhook import kube
 from webhook.capacity import GpuNode, NodeFacts, gpu_node, limits_for
@@ -68,13 +69,11 @@ def watcher(cluster: tuple[FakeApi, Path]) -> Iterator[kube.NodeWatcher]:
     running.stop()
 
 
-def eventually(check: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"not true within {timeout}s: {check}")
+def start_with_one_node(api: FakeApi, watcher: kube.NodeWatcher) -> None:
+    """Node "a" with one 24 GiB GPU, listed by a started watcher."""
+    api.put_node("a", memory=24, count=1)
+    watcher.start()
+    eventually(lambda: sizes(watcher) == {"a": 24})
 
 
 def sizes(watcher: kube.NodeWatcher) -> dict[str, int]:
@@ -104,9 +103,7 @@ def test_a_broken_watch_resumes_without_a_new_list(
     cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
 ) -> None:
     api, _ = cluster
-    api.put_node("a", memory=24, count=1)
-    watcher.start()
-    eventually(lambda: sizes(watcher) == {"a": 24})
+    start_with_one_node(api, watcher)
     api.break_watch_after = 1  # the stream is cut after one more event
     api.put_node("b", memory=40, count=1)
     api.put_node("c", memory=80, count=1)
@@ -117,9 +114,7 @@ def test_a_broken_watch_resumes_without_a_new_list(
 
 def test_410_gone_lists_again(cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher) -> None:
     api, _ = cluster
-    api.put_node("a", memory=24, count=1)
-    watcher.start()
-    eventually(lambda: sizes(watcher) == {"a": 24})
+    start_with_one_node(api, watcher)
     # The apiserver has compacted past our resourceVersion; meanwhile a node changed.
     api.gone_before = api.version + 10
     with api.lock:
@@ -168,9 +163,7 @@ def test_errors_keep_the_last_known_nodes_then_recover(
     cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
 ) -> None:
     api, _ = cluster
-    api.put_node("a", memory=24, count=1)
-    watcher.start()
-    eventually(lambda: sizes(watcher) == {"a": 24})
+    start_with_one_node(api, watcher)
     api.fail_next = 1000
     api.break_watch_after = 0
     api.put_node("b", memory=40, count=1)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Server, free_port, start_server, stop_server
-from tests.helpers import container, pod, review
+from tests.conftest import Server, free_port, start_server, start_watching, stop_server
+from tests.helpers import container, eventually, pod, review
 from tests.kubeapi import FakeApi, serve
 from webhook import tls
 
@@ -32,15 +32,7 @@ def cluster(
         api.put_node("t4-1", memory=16, count=1, labels={"pool": "t4"})
         api.put_node("a100-1", memory=80, count=2, labels={"pool": "a100"})
         api.put_node("a100-2", memory=80, count=2, labels={"pool": "a100"})
-        running = start_server(
-            [
-                "--cert", str(pki.cert), "--key", str(pki.key), "--workers", "2",
-                "--watch-nodes", "--kubeconfig", str(kubeconfig),
-            ],
-            ca=pki.ca,
-            log=tmp / "server.log",
-            port=free_port(),
-        )  # fmt: skip
+        running = start_watching(pki, kubeconfig, tmp / "server.log")
         try:
             yield api, running
         finally:
@@ -52,15 +44,6 @@ def ask(server: Server, obj: dict[str, object], **kw: str) -> dict[str, object]:
     assert status == 200, body
     answer: dict[str, object] = json.loads(body)["response"]
     return answer
-
-
-def eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not true within {timeout}s")
 
 
 def metrics(server: Server) -> dict[str, float]:

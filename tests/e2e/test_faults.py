@@ -17,14 +17,14 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Server, free_port, start_server, stop_server
-from tests.helpers import container, pod, review, swap
+from tests.conftest import Server, free_port, start_server, start_watching, stop_server
+from tests.helpers import container, eventually, pod, review, swap
 from tests.kubeapi import FakeApi, serve
 from webhook import tls
 from webhook.admission import admit
@@ -39,15 +39,6 @@ class Served:
     server: Server
     policy_dir: Path
     certs: Path
-
-
-def eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not true within {timeout}s")
 
 
 def metric(server: Server, name: str) -> float:
@@ -301,15 +292,7 @@ def test_kubernetes_api_down_slow_or_failing_keeps_the_last_nodes(
 ) -> None:
     with serve(tmp_path) as (api, kubeconfig):
         api.put_node("a100-1", memory=80, count=2)
-        server = start_server(
-            [
-                "--cert", str(pki.cert), "--key", str(pki.key), "--workers", "1",
-                "--watch-nodes", "--kubeconfig", str(kubeconfig),
-            ],
-            ca=pki.ca,
-            log=tmp_path / "server.log",
-            port=free_port(),
-        )  # fmt: skip
+        server = start_watching(pki, kubeconfig, tmp_path / "server.log", workers=1)
         try:
             assert answer(server, pod(container(gpu="40")))["allowed"] is True
             assert metric(server, "gpushare_node_watch_connected") == 1
