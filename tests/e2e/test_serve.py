@@ -161,3 +161,18 @@ def test_serve_refuses_a_broken_policy(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "'gpuMemory': expected a positive whole number" in done.stderr
+
+
+def test_access_lines_only_with_access_log(server: Server, tmp_path: Path) -> None:
+    assert server.request("GET", "/healthz")[0] == 200
+    assert "GET /healthz HTTP/1.1" not in server.log.read_text()
+    certs = tmp_path / "certs"
+    log = tmp_path / "access.log"
+    running = start_server(
+        ["--certs-dir", str(certs), "--access-log"], ca=certs / "ca.crt", log=log, port=free_port()
+    )
+    try:
+        assert running.request("GET", "/healthz")[0] == 200
+    finally:
+        stop_server(running)
+    assert "GET /healthz HTTP/1.1" in log.read_text()
