@@ -8,8 +8,11 @@ answer, same gunicorn and TLS settings), alternates trials of each at
 concurrency 1, 8 and 32 with fresh keep-alive connections per trial, and
 reports medians and ratios. Also measures the pure decision against a
 json round trip, worker RSS, and start-up time. Writes bench/results.json.
-The client is Python threads in this process; its CPU share is reported
-so a starved server is visible. Not a test: it never fails on a timing.
+The load comes from wrk (a compiled generator, ``bench/wrk.lua`` for the
+POST bodies) when it is on the PATH (Debian: ``apt-get install wrk``), else
+from Python threads in this process; either way the client's CPU share is
+reported, so a starved server is visible. Not a test: it never fails on a
+timing.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import argparse
 import http.client
 import json
 import os
+import resource
+import shutil
 import socket
 import ssl
 import statistics
@@ -120,11 +125,42 @@ def trial(
     client_cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     latencies.sort()
     return {
+        "requests": len(latencies),
         "rps": len(latencies) / wall,
         "p50_ms": 1000 * latencies[len(latencies) // 2],
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
         "errors": errors[0],
         "client_cpu_share": client_cpu / (wall * (os.cpu_count() or 1)),
+    }
+
+
+def wrk_trial(
+    wrk: str, port: int, bodies_file: Path, concurrency: int, seconds: float
+) -> dict[str, Any]:
+    """One trial with wrk: fresh keep-alive connections, fixed duration."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall0 = time.perf_counter()
+    done = subprocess.run(
+        [
+            *(wrk, "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "10s"),
+            *("-s", str(ROOT / "bench" / "wrk.lua"), f"https://localhost:{port}"),
+            *("--", str(bodies_file), "0"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    wall = time.perf_counter() - wall0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {
+        "requests": figures["requests"],
+        "rps": figures["requests"] / (figures["duration_us"] / 1e6),
+        "p50_ms": figures["p50_us"] / 1000,
+        "p99_ms": figures["p99_us"] / 1000,
+        "errors": figures["errors"],
+        "client_cpu_share": cpu / (wall * (os.cpu_count() or 1)),
     }
 
 
@@ -162,14 +198,41 @@ def main() -> int:
     parser.add_argument(
         "--worker-class",
         default="buffering",
-        choices=("buffering", "gthread", "sync"),
+        choices=("buffering", "gthread", "sync", "gevent"),
         help="gunicorn worker model of both servers, to compare models (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--generator",
+        default="auto",
+        choices=("auto", "wrk", "python"),
+        help="load generator: wrk when on the PATH (auto), or Python threads",
+    )
+    parser.add_argument(
+        "--soak",
+        type=int,
+        default=None,
+        metavar="N",
+        help="reviews sent at concurrency 8 after the trials, for RSS growth "
+        "(default: 100000, 3000 with --quick)",
     )
     args = parser.parse_args()
     levels = [1, 8, 32]
     trials, requests = (3, 300) if args.quick else (5, 3000)
+    soak = args.soak if args.soak is not None else (3000 if args.quick else 100_000)
+    wrk = shutil.which("wrk") if args.generator != "python" else None
+    if args.generator == "wrk" and wrk is None:
+        parser.error("--generator wrk: wrk is not on the PATH (Debian: apt-get install wrk)")
     bodies = mix(200)
     with tempfile.TemporaryDirectory() as tmp:
+        bodies_file = Path(tmp) / "bodies.jsonl"
+        bodies_file.write_bytes(b"\n".join(bodies) + b"\n")
+
+        def run_trial(port: int, level: int, count: int) -> dict[str, Any]:
+            if wrk is None:
+                return trial(port, context, bodies, level, count)
+            # wrk runs for a time: aim at about as many requests as the Python client sends.
+            return wrk_trial(wrk, port, bodies_file, level, count / 1500)
+
         issued = tls.ensure_certificates(Path(tmp), dns_names=["localhost"], ips=["127.0.0.1"])
         context = ssl.create_default_context(cafile=str(issued.ca))
         wport, fport = free_port(), free_port()
@@ -189,8 +252,6 @@ def main() -> int:
                 "serve",
                 "--bind",
                 f"127.0.0.1:{wport}",
-                "--log-level",
-                "warning",
                 *pair,
             ],
             wport,
@@ -213,18 +274,29 @@ def main() -> int:
             for level in levels:
                 runs: dict[str, list[dict[str, Any]]] = {"webhook": [], "floor": []}
                 for _ in range(trials):  # alternate, so drift hits both alike
-                    runs["webhook"].append(trial(wport, context, bodies, level, requests))
-                    runs["floor"].append(trial(fport, context, bodies, level, requests))
+                    runs["webhook"].append(run_trial(wport, level, requests))
+                    runs["floor"].append(run_trial(fport, level, requests))
                 results["concurrency"][str(level)] = {
                     name: median_of(r) for name, r in runs.items()
                 }
+            rss_trials = workers_rss_mib(webhook)
+            soaked = run_trial(wport, 8, soak)
             rss_end = workers_rss_mib(webhook)
         finally:
             for proc in (webhook, floor):
                 proc.terminate()
                 proc.wait(timeout=30)
     results["decision_us"] = decision_us(bodies, 50 if args.quick else 300)
-    results["rss_mib"] = {"start": max(rss_start or [0]), "end": max(rss_end or [0])}
+    results["rss_mib"] = {
+        "start": max(rss_start or [0]),
+        "after_trials": max(rss_trials or [0]),
+        "end": max(rss_end or [0]),
+    }
+    results["soak"] = {
+        "requests": soaked["requests"],
+        "errors": soaked["errors"],
+    }
+    results["generator"] = "wrk" if wrk else "python"
     results["startup_s"] = startup
     results["worker_class"] = args.worker_class
     results["client_cpu_share"] = max(
@@ -249,7 +321,10 @@ def main() -> int:
         f"{d['floor']:.0f} us (x{d['ratio']:.1f})"
     )
     print(
-        f"worker RSS: {results['rss_mib']['start']:.1f} -> {results['rss_mib']['end']:.1f} MiB; "
+        f"worker RSS: {results['rss_mib']['start']:.1f} -> "
+        f"{results['rss_mib']['after_trials']:.1f} after the trials -> "
+        f"{results['rss_mib']['end']:.1f} MiB after {results['soak']['requests']} more reviews "
+        f"({results['soak']['errors']} errors); generator: {results['generator']}; "
         f"start-up to first review: {startup:.2f} s; "
         f"client CPU share (max): {results['client_cpu_share']:.2f}"
     )
