@@ -113,6 +113,35 @@ def test_oversized_body_is_413(client: FlaskClient) -> None:
     assert "larger than" in resp.get_json()["error"]
 
 
+@pytest.mark.parametrize(
+    ("headers", "status", "says"),
+    [
+        ({"Content-Length": "12abc"}, 400, "not a number of bytes"),
+        ({"Content-Length": "-5"}, 400, "not a number of bytes"),
+        ({"Content-Length": str(MAX_BODY + 1)}, 413, "larger than"),
+    ],
+)
+def test_declared_lengths_are_checked_before_reading(
+    client: FlaskClient, headers: dict[str, str], status: int, says: str
+) -> None:
+    environ = {"CONTENT_LENGTH": headers["Content-Length"], "CONTENT_TYPE": "application/json"}
+    resp = client.post("/mutate", data=b"{}", environ_overrides=environ)
+    assert resp.status_code == status
+    assert says in resp.get_json()["error"]
+
+
+def test_charset_parameter_is_still_json(client: FlaskClient) -> None:
+    resp = post(client, review(pod()), content_type="Application/JSON; charset=utf-8")
+    assert resp.status_code == 200
+
+
+def test_mutate_names_its_method(client: FlaskClient) -> None:
+    resp = client.get("/mutate")
+    assert resp.status_code == 405
+    assert resp.headers["Allow"] == "POST"
+    assert "POST" in resp.get_json()["error"]
+
+
 def test_small_limit_is_derived_not_guessed() -> None:
     assert MAX_BODY == 7 * 1024 * 1024
 

@@ -12,9 +12,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
-from flask import Flask, Response, request
+from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
 from webhook.admission import Result, admit
@@ -53,29 +54,6 @@ def create_app(state: State | None = None, *, max_body: int = MAX_BODY) -> Flask
     app.config["MAX_CONTENT_LENGTH"] = max_body
     app.config["MAX_FORM_MEMORY_SIZE"] = max_body
 
-    @app.post("/mutate")
-    def mutate() -> Response:
-        started = time.perf_counter()
-        if request.mimetype != "application/json":
-            return _json(
-                415,
-                {
-                    "error": f"Content-Type is {request.mimetype or 'missing'!r}; "
-                    "send an AdmissionReview as application/json"
-                },
-            )
-        # Werkzeug refuses a declared Content-Length over the limit before
-        # reading, and stops a chunked body at the limit.
-        body = request.get_data(cache=False)
-        policy = state.policy.get()
-        view = state.nodes.view(policy)
-        result = admit(body, policy, view.nodes, note=view.note)
-        elapsed = time.perf_counter() - started
-        if state.metrics is not None:
-            state.metrics.observe(result, elapsed, fallback=bool(view.note), policy=policy)
-        _log_admission(result, elapsed)
-        return Response(result.encode(), status=result.status, mimetype="application/json")
-
     @app.get("/healthz")
     def healthz() -> Response:
         return _json(200, {"status": "ok"})
@@ -105,7 +83,87 @@ def create_app(state: State | None = None, *, max_body: int = MAX_BODY) -> Flask
         log.exception("unhandled error")
         return _json(400, {"error": f"request could not be handled: {type(error).__name__}"})
 
+    app.wsgi_app = Mutate(app.wsgi_app, state, max_body)  # type: ignore[method-assign]
     return app
+
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Any]
+Answer = tuple[int, bytes, list[tuple[str, str]]]  # status, body, extra headers
+
+
+class Mutate:
+    """``/mutate`` as bare WSGI, in front of Flask (its documented middleware hook).
+
+    Admission is the one path every GPU pod waits on. Flask's request and
+    response objects cost about as much as reading the review (see bench/),
+    so this path reads the body and writes the answer itself, with the same
+    checks and JSON errors as Flask's; every other path goes to Flask.
+    """
+
+    def __init__(self, flask_app: WSGIApp, state: State, max_body: int) -> None:
+        self.flask_app, self.state, self.max_body = flask_app, state, max_body
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ.get("PATH_INFO") != "/mutate":
+            return self.flask_app(environ, start_response)
+        status, body, extra = self.respond(environ)
+        start_response(
+            f"{status} {HTTPStatus(status).phrase}",
+            [("Content-Type", "application/json"), ("Content-Length", str(len(body))), *extra],
+        )
+        return [body]
+
+    def respond(self, environ: dict[str, Any]) -> Answer:
+        if environ.get("REQUEST_METHOD") != "POST":
+            status, message, _ = _error(405, "use POST to send an AdmissionReview")
+            return status, message, [("Allow", "POST")]
+        started = time.perf_counter()
+        mimetype = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
+        if mimetype != "application/json":
+            return _error(
+                415,
+                f"Content-Type is {mimetype or 'missing'!r}; "
+                "send an AdmissionReview as application/json",
+            )
+        body = self._read(environ)
+        if isinstance(body, tuple):
+            return body  # the error answer
+        state = self.state
+        policy = state.policy.get()
+        view = state.nodes.view(policy)
+        result = admit(body, policy, view.nodes, note=view.note)
+        elapsed = time.perf_counter() - started
+        if state.metrics is not None:
+            state.metrics.observe(result, elapsed, fallback=bool(view.note), policy=policy)
+        _log_admission(result, elapsed)
+        return result.status, result.encode(), []
+
+    def _read(self, environ: dict[str, Any]) -> bytes | Answer:
+        """The body, or an error: a declared length over the limit is refused unread."""
+        stream = environ["wsgi.input"]
+        too_big = _error(
+            413, f"body larger than {self.max_body} bytes; an AdmissionReview is never this big"
+        )
+        declared = environ.get("CONTENT_LENGTH")
+        if declared:
+            try:
+                length = int(declared)
+            except ValueError:
+                return _error(400, f"Content-Length is {declared!r}, not a number of bytes")
+            if length < 0:
+                return _error(400, f"Content-Length is {declared!r}, not a number of bytes")
+            if length > self.max_body:
+                return too_big
+            data: bytes = stream.read(length)
+            return data
+        if environ.get("wsgi.input_terminated"):  # chunked: read up to the limit, no further
+            data = stream.read(self.max_body + 1)
+            return too_big if len(data) > self.max_body else data
+        return b""
+
+
+def _error(status: int, message: str) -> Answer:
+    return status, json.dumps({"error": message}).encode(), []
 
 
 def _log_admission(result: Result, seconds: float) -> None:

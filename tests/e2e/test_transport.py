@@ -275,6 +275,28 @@ def test_a_client_that_pipelines_and_never_reads_blocks_nobody(tight: Server) ->
         greedy.close()
 
 
+def test_a_chunked_body_past_the_limit_is_413(tight: Server) -> None:
+    chunk = b"x" * (1024 * 1024)
+    with raw_tls(tight) as sock:
+        sock.sendall(
+            b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        answer = b""
+        try:
+            for _ in range(8):  # 8 MiB, past the 7 MiB limit
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            sock.sendall(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+            pass  # the server may answer and close before the last chunk
+        while chunk_in := sock.recv(65536):
+            answer += chunk_in
+            if b"\r\n\r\n" in answer and b"}" in answer:
+                break
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert b"larger than" in answer
+
+
 def test_log_names_nothing_alarming(tight: Server) -> None:
     # Last in the module: it reads what every test above made the server log.
     text = Path(tight.log).read_text()
