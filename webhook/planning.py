@@ -137,7 +137,7 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
     ops += _volume_ops(spec, policy)
     for ask in asks:
         container = spec[ask.kind][ask.index]
-        base = patching.pointer("spec", ask.kind, ask.index)
+        base = f"/spec/{ask.kind}/{ask.index}"  # no token here needs JSON-Pointer escaping
         ops += _env_ops(container, base, ask, policy, warnings)
         ops += _mount_ops(container, base, ask, policy)
     ops += _annotation_ops(metadata, asks, policy, demand)
@@ -646,6 +646,7 @@ def _user_preload(env: list[Any], ask: ContainerAsk) -> str:
     return value
 
 
+@functools.lru_cache(maxsize=256)
 def _preload(user_value: str, policy: Policy) -> str:
     shim = policy.shim.preload
     # ld.so splits LD_PRELOAD on spaces and colons alike.

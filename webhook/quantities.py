@@ -114,6 +114,10 @@ def whole_count(
     ``byte_unit`` is set for memory resources: it lets the message catch the
     common slip of writing a byte quantity ("4Gi") where units are counted.
     """
+    if type(raw) is str and len(raw) <= 18 and raw.isascii() and raw.isdigit():
+        count = int(raw)  # the usual "4": no suffix, no fraction, nothing to explain
+        if count > 0 and (maximum is None or count <= maximum):
+            return count
     try:
         quantity = parse_quantity(raw)
     except QuantityError as error:
