@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from flask.testing import FlaskClient
 
-from tests.helpers import container, pod, review
-from tests.test_runtime import swap
+from tests.helpers import container, pod, review, swap
 from webhook import logs
 from webhook.app import State, create_app
 from webhook.capacity import GpuNode
@@ -157,3 +156,19 @@ def test_text_format_puts_fields_after_the_message() -> None:
     record = logging.LogRecord("x", logging.INFO, "f", 1, "admission", (), None)
     record.fields = {"uid": "u", "decision": "mutated"}
     assert logs.TextFormatter().format(record) == "INFO x admission uid=u decision=mutated"
+
+
+def test_a_log_line_is_one_write_of_a_whole_line(tmp_path: Path) -> None:
+    target = tmp_path / "log"
+    with target.open("wb") as out:
+        handler = logs.LineHandler(out.fileno())
+        handler.setFormatter(logs.JsonFormatter())
+        record = logging.LogRecord(
+            "gpushare_webhook.admission", logging.INFO, "", 0, "admission", None, None
+        )
+        record.fields = {"pod": "tränen", "decision": "mutated"}
+        handler.emit(record)
+        handler.emit(record)
+    lines = target.read_text().splitlines()
+    assert len(lines) == 2
+    assert json.loads(lines[0])["pod"] == "tränen"
