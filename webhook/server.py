@@ -221,11 +221,12 @@ def bounded_socket_class(timeout: float) -> type[BoundedSSLSocket]:
 class _Reading:
     """What the event loop knows of a request it is still reading."""
 
-    __slots__ = ("buf", "need", "tls")
+    __slots__ = ("buf", "need", "searched", "tls")
 
     def __init__(self, data: bytes, tls: bool) -> None:
         self.buf = bytearray(data)
         self.need = -1  # total bytes of the request, once the head is in
+        self.searched = 0  # bytes already searched for the end of the head
         self.tls = tls  # True once the handshake is done (or not needed)
 
 
@@ -362,8 +363,11 @@ class BufferingWorker(ThreadWorker):  # type: ignore[misc]
         if len(buf) >= BUFFER_LIMIT:
             return True  # the thread reads the rest, or the parser refuses the head
         if reading.need < 0:
-            end = buf.find(HEAD_END)
+            # Search only what is new (and the 3 bytes before it): a head sent
+            # a byte at a time must not cost a scan of all of it per byte.
+            end = buf.find(HEAD_END, max(0, reading.searched - 3))
             if end < 0:
+                reading.searched = len(buf)
                 return False
             head = bytes(buf[: end + 2])
             length = _CONTENT_LENGTH.search(head)

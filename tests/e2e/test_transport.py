@@ -297,6 +297,31 @@ def test_a_chunked_body_past_the_limit_is_413(tight: Server) -> None:
     assert b"larger than" in answer
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        pytest.param(b"POST /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", id="long-line"),
+        pytest.param(
+            b"POST /mutate HTTP/1.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", id="long-field"
+        ),
+        pytest.param(
+            b"POST /mutate HTTP/1.1\r\n"
+            + b"".join(b"X-%d: 1\r\n" % i for i in range(60))
+            + b"\r\n",
+            id="many-fields",
+        ),
+    ],
+)
+def test_oversized_heads_are_refused(tight: Server, head: bytes) -> None:
+    with raw_tls(tight) as sock:
+        sock.sendall(head)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status = int(answer.split(b" ", 2)[1])
+    assert status in (400, 414, 431), answer[:200]
+
+
 def test_log_names_nothing_alarming(tight: Server) -> None:
     # Last in the module: it reads what every test above made the server log.
     text = Path(tight.log).read_text()
