@@ -234,6 +234,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=args.access_log,
         log_config=log_config,
+        on_connection_cut=state.metrics.connection_cut if state.metrics else None,
         **{
             name: value
             for name, value in (

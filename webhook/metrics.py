@@ -90,7 +90,21 @@ class Metrics:
             ["namespace"],
             registry=None,
         )
-        self._counted = (self.reviews, self.duration, self.fallback, self.pods, self.memory)
+        self.cut = Counter(
+            "gpushare_connections_cut",
+            "Connections closed before a whole request came: read-timeout (slow or silent "
+            "clients), plain-http, not-tls, tls-handshake, incomplete",
+            ["reason"],
+            registry=None,
+        )
+        self._counted = (
+            self.reviews,
+            self.duration,
+            self.fallback,
+            self.pods,
+            self.memory,
+            self.cut,
+        )
         self.live = LiveState(policy, nodes, cert)
 
     def observe(self, result: Result, seconds: float, *, fallback: bool, policy: Policy) -> None:
@@ -108,6 +122,9 @@ class Metrics:
         if outcome in ("mutated", "unchanged") and not result.dry_run:
             self.pods.labels(result.namespace).inc()
             self.memory.labels(result.namespace).inc(reserved(result) * bytes_per_unit(policy))
+
+    def connection_cut(self, reason: str, count: int) -> None:
+        self.cut.labels(reason).inc(count)
 
     def render(self) -> tuple[bytes, str]:
         registry = CollectorRegistry(auto_describe=True)

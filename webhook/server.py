@@ -79,6 +79,10 @@ class ServeOptions:
     timeout: int = 30
     read_timeout: float = DEFAULT_READ_TIMEOUT  # connect (or first byte) to whole request
     worker_connections: int = DEFAULT_WORKER_CONNECTIONS
+    # Told (reason, count) when the worker closes connections that sent no
+    # whole request: "read-timeout", "plain-http", "not-tls", "tls-handshake",
+    # "incomplete". For /metrics; called on the worker's event loop.
+    on_connection_cut: Callable[[str, int], None] | None = None
     log_level: str = "info"
     access_log: bool = False
     log_config: dict[str, Any] | None = None  # a dictConfig for gunicorn's loggers too
@@ -154,7 +158,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             "control_socket_disable": True,
         }
         if o.worker_class == "buffering":
-            settings["worker_class"] = buffering_worker(o.read_timeout)
+            settings["worker_class"] = buffering_worker(o.read_timeout, o.on_connection_cut)
         for key, value in settings.items():
             if value is not None and key in self.cfg.settings:
                 self.cfg.set(key, value)
@@ -221,13 +225,14 @@ def bounded_socket_class(timeout: float) -> type[BoundedSSLSocket]:
 class _Reading:
     """What the event loop knows of a request it is still reading."""
 
-    __slots__ = ("buf", "need", "searched", "tls")
+    __slots__ = ("buf", "cut", "need", "searched", "tls")
 
     def __init__(self, data: bytes, tls: bool) -> None:
         self.buf = bytearray(data)
         self.need = -1  # total bytes of the request, once the head is in
         self.searched = 0  # bytes already searched for the end of the head
         self.tls = tls  # True once the handshake is done (or not needed)
+        self.cut = ""  # why the connection is to be closed, when it is worth counting
 
 
 class BufferingWorker(ThreadWorker):  # type: ignore[misc]
@@ -243,8 +248,27 @@ class BufferingWorker(ThreadWorker):  # type: ignore[misc]
     """
 
     read_timeout: float = DEFAULT_READ_TIMEOUT
+    on_cut: Callable[[str, int], None] | None = None
 
     _inside = False
+
+    def _cut(self, reason: str, count: int = 1) -> None:
+        if self.on_cut is not None:
+            try:
+                self.on_cut(reason, count)
+            except Exception:  # counting must never take the event loop down
+                self.log.exception("counting a closed connection failed")
+
+    def murder_pending(self) -> None:
+        now = time.monotonic()
+        expired = 0
+        for conn in self.pending_conns:  # sorted by deadline
+            if conn.timeout > now:
+                break
+            expired += 1
+        super().murder_pending()
+        if expired:
+            self._cut("read-timeout", expired)
 
     def enqueue_req(self, conn: Any) -> None:
         if getattr(conn, "whole", False):
@@ -308,9 +332,12 @@ class BufferingWorker(ThreadWorker):  # type: ignore[misc]
             whole = self._progress(conn)
         except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
             self.log.debug("closing connection from %s: %s", conn.client, error)
+            self._cut("tls-handshake" if isinstance(error, ssl.SSLError) else "incomplete")
             self._drop(conn)
             return
         if whole is None:
+            if conn.reading.cut:
+                self._cut(conn.reading.cut)
             self._drop(conn)
         elif whole:
             self.pending_conns.remove(conn)
@@ -330,7 +357,9 @@ class BufferingWorker(ThreadWorker):  # type: ignore[misc]
                 if not first:
                     return None
                 if first[0] != TLS_HANDSHAKE_RECORD:
+                    reading.cut = "not-tls"
                     if first.isalpha():  # "POST ...": plain HTTP to the TLS port
+                        reading.cut = "plain-http"
                         _answer_plain_http(conn.sock)
                     return None
                 conn.sock = gsock.ssl_context(self.cfg).wrap_socket(
@@ -352,7 +381,10 @@ class BufferingWorker(ThreadWorker):  # type: ignore[misc]
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
                 return False
             if not data:
-                return None  # the client went away before its request was in
+                # The client went away: idle, as kept-alive clients do, or
+                # halfway through a request, which is worth counting.
+                reading.cut = "incomplete" if reading.buf else ""
+                return None
             reading.buf += data
             if self._whole(reading):
                 return True
@@ -407,8 +439,15 @@ class BufferingWorker(ThreadWorker):  # type: ignore[misc]
                 self.log.debug("closing connection from %s: %s", conn.client, error)
 
 
-def buffering_worker(read_timeout: float) -> type[BufferingWorker]:
-    return type("BufferingWorker", (BufferingWorker,), {"read_timeout": read_timeout})
+def buffering_worker(
+    read_timeout: float, on_cut: Callable[[str, int], None] | None = None
+) -> type[BufferingWorker]:
+    return type(
+        "BufferingWorker",
+        (BufferingWorker,),
+        # staticmethod: a plain function stored on a class would become a method.
+        {"read_timeout": read_timeout, "on_cut": staticmethod(on_cut) if on_cut else None},
+    )
 
 
 def _answer_plain_http(raw: socket.socket) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import ssl
 import threading
@@ -320,6 +321,20 @@ def test_oversized_heads_are_refused(tight: Server, head: bytes) -> None:
             answer += chunk
     status = int(answer.split(b" ", 2)[1])
     assert status in (400, 414, 431), answer[:200]
+
+
+def test_cut_connections_are_counted_by_reason(tight: Server) -> None:
+    # Runs after the tests above: they cut connections of every kind.
+    status, body = tight.request("GET", "/metrics")
+    assert status == 200
+    counted = {
+        reason: float(value)
+        for reason, value in re.findall(
+            r'gpushare_connections_cut_total\{reason="([a-z-]+)"\} (\S+)', body.decode()
+        )
+    }
+    for reason in ("read-timeout", "plain-http", "not-tls"):
+        assert counted.get(reason, 0) >= 1, counted
 
 
 def test_log_names_nothing_alarming(tight: Server) -> None:
