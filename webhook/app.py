@@ -149,7 +149,7 @@ class Mutate:
             try:
                 length = int(declared)
             except ValueError:
-                return _error(400, f"Content-Length is {declared!r}, not a number of bytes")
+                length = -1
             if length < 0:
                 return _error(400, f"Content-Length is {declared!r}, not a number of bytes")
             if length > self.max_body:

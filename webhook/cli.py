@@ -183,7 +183,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from webhook.runtime import NoNodes, PolicySource
     from webhook.server import ServeOptions, WebhookServer
 
-    log_config = logs.config(args.log_level, args.log_format, access=args.access_log)
+    log_config = logs.config(args.log_level, args.log_format)
     logs.skip_unused_record_fields()
     logging.config.dictConfig(log_config)
     source = PolicySource(Path(args.policy) if args.policy else None)

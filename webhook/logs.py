@@ -84,12 +84,11 @@ def skip_unused_record_fields() -> None:
     logging.logMultiprocessing = False
 
 
-def config(level: str, fmt: LogFormat, *, access: bool = False) -> dict[str, Any]:
+def config(level: str, fmt: LogFormat) -> dict[str, Any]:
     """A ``logging.config.dictConfig`` document: everything goes to stderr in one format.
 
-    gunicorn writes access lines whenever it is given a logging config, so
-    without ``access`` its access logger is silenced here: the admission
-    line already says everything an access line would.
+    Whether gunicorn writes access lines at all is ``serve --access-log``'s
+    to say (webhook.server.QuietAccessLogger); those it writes come here.
     """
     formatter = JsonFormatter if fmt == "json" else TextFormatter
     return {
@@ -103,10 +102,6 @@ def config(level: str, fmt: LogFormat, *, access: bool = False) -> dict[str, Any
         "loggers": {
             # gunicorn's loggers hand their lines to the root handler.
             "gunicorn.error": {"level": level.upper(), "handlers": [], "propagate": True},
-            "gunicorn.access": {
-                "level": "INFO" if access else "CRITICAL",
-                "handlers": [],
-                "propagate": access,
-            },
+            "gunicorn.access": {"level": "INFO", "handlers": [], "propagate": True},
         },
     }

@@ -312,7 +312,9 @@ def _check_visible_devices(container: Mapping[str, Any], label: str, policy: Pol
         )
 
 
-def _resources(container: Mapping[str, Any], path: str) -> tuple[Mapping[str, Any], ...]:
+def _resources(
+    container: Mapping[str, Any], path: str
+) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """(limits, requests) of a container, each {} when absent."""
     resources = _mapping(container, "resources", path=path, optional=True)
     limits = _mapping(resources, "limits", path=f"{path}.resources", optional=True)
@@ -646,7 +648,6 @@ def _user_preload(env: list[Any], ask: ContainerAsk) -> str:
     return value
 
 
-@functools.lru_cache(maxsize=256)
 def _preload(user_value: str, policy: Policy) -> str:
     shim = policy.shim.preload
     # ld.so splits LD_PRELOAD on spaces and colons alike.

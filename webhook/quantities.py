@@ -56,15 +56,23 @@ class Quantity:
         return self.suffix in _BINARY or self.suffix in {"k", "M", "G", "T", "P", "E"}
 
 
+def _plain_integer(raw: object) -> int | None:
+    """The value of a short string of ASCII digits ("4"), the form nearly every GPU
+    quantity takes; None for anything else, which takes the full grammar."""
+    if type(raw) is str and len(raw) <= 18 and raw.isascii() and raw.isdigit():
+        return int(raw)
+    return None
+
+
 def parse_quantity(raw: object) -> Quantity:
     """Parse a quantity as the apiserver would, from a JSON string or number.
 
     Raises QuantityError (with a message lacking the container, which callers
     add) when the value does not follow the grammar.
     """
-    # Fast path: nearly every GPU quantity is a small plain integer ("4").
-    if type(raw) is str and len(raw) <= 18 and raw.isascii() and raw.isdigit():
-        return Quantity(text=raw, value=Fraction(int(raw)), suffix="")
+    plain = _plain_integer(raw)
+    if plain is not None:
+        return Quantity(text=str(raw), value=Fraction(plain), suffix="")
     if isinstance(raw, bool) or not isinstance(raw, str | int | float):
         raise QuantityError(f'{raw!r} is not a quantity (use a string such as "4")')
     text = raw if isinstance(raw, str) else repr(raw)
@@ -114,10 +122,9 @@ def whole_count(
     ``byte_unit`` is set for memory resources: it lets the message catch the
     common slip of writing a byte quantity ("4Gi") where units are counted.
     """
-    if type(raw) is str and len(raw) <= 18 and raw.isascii() and raw.isdigit():
-        count = int(raw)  # the usual "4": no suffix, no fraction, nothing to explain
-        if count > 0 and (maximum is None or count <= maximum):
-            return count
+    count = _plain_integer(raw)
+    if count is not None and count > 0 and (maximum is None or count <= maximum):
+        return count  # the usual "4": no suffix, no fraction, nothing to explain
     try:
         quantity = parse_quantity(raw)
     except QuantityError as error:

@@ -132,7 +132,11 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
         settings: dict[str, Any] = {
             "bind": [o.bind],
             "workers": o.workers,
-            "worker_class": o.worker_class,
+            "worker_class": (
+                buffering_worker(o.read_timeout, o.on_connection_cut)
+                if o.worker_class == "buffering"
+                else o.worker_class
+            ),
             "threads": o.threads,
             "certfile": str(o.cert),
             "keyfile": str(o.key),
@@ -157,8 +161,6 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             "worker_tmp_dir": "/dev/shm" if Path("/dev/shm").is_dir() else None,
             "control_socket_disable": True,
         }
-        if o.worker_class == "buffering":
-            settings["worker_class"] = buffering_worker(o.read_timeout, o.on_connection_cut)
         for key, value in settings.items():
             if value is not None and key in self.cfg.settings:
                 self.cfg.set(key, value)
