@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import socket
 import ssl
@@ -13,9 +14,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.helpers import review
 from webhook import tls
 
 
@@ -61,6 +64,25 @@ class Server:
             return resp.status, resp.read()
         finally:
             conn.close()
+
+    def ask(self, obj: dict[str, Any], **review_fields: str) -> dict[str, Any]:
+        """POST ``obj`` in an AdmissionReview; the response, after checking it is HTTP 200."""
+        body = json.dumps(review(obj, **review_fields)).encode()
+        status, answer = self.request("POST", "/mutate", body, {"Content-Type": "application/json"})
+        assert status == 200, answer
+        response: dict[str, Any] = json.loads(answer)["response"]
+        return response
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics, by name with its labels: ``name{label="v"}``."""
+        status, body = self.request("GET", "/metrics")
+        assert status == 200
+        values = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                values[name] = float(value)
+        return values
 
 
 def start_server(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Server, free_port, start_server, start_watching, stop_server
-from tests.helpers import container, eventually, pod, review
+from tests.helpers import container, eventually, pod
 from tests.kubeapi import FakeApi, serve
 from webhook import tls
 
@@ -39,30 +39,12 @@ def cluster(
             stop_server(running)
 
 
-def ask(server: Server, obj: dict[str, object], **kw: str) -> dict[str, object]:
-    status, body = server.request("POST", "/mutate", json.dumps(review(obj, **kw)).encode(), JSON)
-    assert status == 200, body
-    answer: dict[str, object] = json.loads(body)["response"]
-    return answer
-
-
-def metrics(server: Server) -> dict[str, float]:
-    status, body = server.request("GET", "/metrics")
-    assert status == 200
-    values = {}
-    for line in body.decode().splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
-    return values
-
-
 def test_rejects_against_the_largest_gpu_in_the_cluster(cluster: tuple[FakeApi, Server]) -> None:
     _, server = cluster
     # Each worker has its own watch: ask enough times to reach both.
     for _ in range(4):
-        eventually(lambda: ask(server, pod(container(gpu="40")))["allowed"] is True)
-        answer = ask(server, pod(container(gpu="41")))
+        eventually(lambda: server.ask(pod(container(gpu="40")))["allowed"] is True)
+        answer = server.ask(pod(container(gpu="41")))
         assert answer["allowed"] is False
         message = answer["status"]["message"]  # type: ignore[index]
         assert "the largest GPU has 40 GiB (2 nodes of the cluster's GPU nodes)" in message
@@ -70,7 +52,7 @@ def test_rejects_against_the_largest_gpu_in_the_cluster(cluster: tuple[FakeApi, 
 
 def test_node_pool_selection_narrows_the_bound(cluster: tuple[FakeApi, Server]) -> None:
     _, server = cluster
-    answer = ask(server, pod(container(gpu="20"), nodeSelector={"pool": "t4"}))
+    answer = server.ask(pod(container(gpu="20"), nodeSelector={"pool": "t4"}))
     assert answer["allowed"] is False
     assert "16 GiB (1 node of the GPU nodes this pod's node selector allows)" in str(answer)
 
@@ -79,23 +61,23 @@ def test_a_new_node_raises_the_bound_without_a_restart(cluster: tuple[FakeApi, S
     api, server = cluster
     api.put_node("h100-1", memory=94, count=1, labels={"pool": "h100"})
     for _ in range(4):
-        eventually(lambda: ask(server, pod(container(gpu="94")))["allowed"] is True)
+        eventually(lambda: server.ask(pod(container(gpu="94")))["allowed"] is True)
     api.delete_node("h100-1")
     for _ in range(4):
-        eventually(lambda: ask(server, pod(container(gpu="94")))["allowed"] is False)
+        eventually(lambda: server.ask(pod(container(gpu="94")))["allowed"] is False)
 
 
 def test_metrics_add_up_both_workers(cluster: tuple[FakeApi, Server]) -> None:
     _, server = cluster
-    before = metrics(server)
+    before = server.metrics()
     key = 'gpushare_admission_reviews_total{outcome="rejected",reason="exceeds-gpu"}'
     pods = 'gpushare_admitted_gpu_pods_total{namespace="quota-test"}'
     for _ in range(10):  # fresh connections: the kernel spreads them over the workers
-        ask(server, pod(container(gpu="99")))
-        ask(server, pod(container(gpu="3"), container("b", gpu="2")), namespace="quota-test")
-    ask(server, pod(container(gpu="3")), namespace="quota-test")
+        server.ask(pod(container(gpu="99")))
+        server.ask(pod(container(gpu="3"), container("b", gpu="2")), namespace="quota-test")
+    server.ask(pod(container(gpu="3")), namespace="quota-test")
     server.request("POST", "/mutate", b"{", JSON)
-    after = metrics(server)
+    after = server.metrics()
     assert after[key] - before.get(key, 0) == 10
     assert after[pods] - before.get(pods, 0) == 11
     memory = 'gpushare_admitted_gpu_memory_bytes_total{namespace="quota-test"}'
@@ -115,7 +97,7 @@ def test_one_json_log_line_per_admission(cluster: tuple[FakeApi, Server]) -> Non
     _, server = cluster
     obj = pod(container(gpu="2"))
     obj["metadata"] = {"generateName": "train-", "namespace": "team-a"}
-    ask(server, obj, uid="log-line-uid")
+    server.ask(obj, uid="log-line-uid")
     line: dict[str, object] = {}
 
     def logged() -> bool:
@@ -153,12 +135,12 @@ def test_without_nodes_the_policy_bounds_and_a_warning_says_so(
             port=free_port(),
         )  # fmt: skip
         try:
-            answer = ask(running, pod(container(gpu="8")))
+            answer = running.ask(pod(container(gpu="8")))
             assert answer["allowed"] is True
             (warning,) = answer["warnings"]  # type: ignore[misc]
             assert warning.startswith("GPU sizes come from the policy's gpuMemory (16 GiB)")
             assert "forbidden to list or watch nodes" in warning  # ready waits for the first list
-            values = metrics(running)
+            values = running.metrics()
             assert values["gpushare_gpu_sizes_from_policy"] == 1
             assert values["gpushare_gpu_size_fallback_reviews_total"] >= 1
             assert values["gpushare_node_watch_connected"] == 0

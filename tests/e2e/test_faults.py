@@ -41,24 +41,8 @@ class Served:
     certs: Path
 
 
-def metric(server: Server, name: str) -> float:
-    status, body = server.request("GET", "/metrics")
-    assert status == 200
-    for line in body.decode().splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rpartition(" ")[2])
-    raise AssertionError(f"{name} not in /metrics")
-
-
-def answer(server: Server, obj: dict[str, object]) -> dict[str, object]:
-    status, body = server.request("POST", "/mutate", json.dumps(review(obj)).encode(), JSON)
-    assert status == 200, body
-    response: dict[str, object] = json.loads(body)["response"]
-    return response
-
-
 def allows_20_gib(server: Server) -> bool:
-    return answer(server, pod(container(gpu="20")))["allowed"] is True
+    return server.ask(pod(container(gpu="20")))["allowed"] is True
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +69,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 def test_broken_policy_files_keep_the_last_good_policy(served: Served) -> None:
     server = served.server
     assert allows_20_gib(server)
-    assert metric(server, "gpushare_policy_stale") == 0
+    assert server.metrics()["gpushare_policy_stale"] == 0
     broken = {  # what is written, and what the log says of it
         "\x00\xff not: [yaml": "malformed YAML",
         'gpuMemory: 24\nshim:\n  hostPath: "/usr/lo': "unexpected end of stream",
@@ -93,7 +77,7 @@ def test_broken_policy_files_keep_the_last_good_policy(served: Served) -> None:
     }
     for generation, (text, said) in enumerate(broken.items(), start=2):
         swap(served.policy_dir, text, generation)
-        eventually(lambda: metric(server, "gpushare_policy_stale") == 1)
+        eventually(lambda: server.metrics()["gpushare_policy_stale"] == 1)
         # A review makes the worker look at the file (at most once a second).
         eventually(lambda: allows_20_gib(server) and said in server.log.read_text())  # noqa: B023
         for _ in range(4):  # both workers, whichever answers
@@ -102,7 +86,7 @@ def test_broken_policy_files_keep_the_last_good_policy(served: Served) -> None:
     time.sleep(1.5)
     for _ in range(4):
         assert allows_20_gib(server)
-    assert metric(server, "gpushare_policy_stale") == 1
+    assert server.metrics()["gpushare_policy_stale"] == 1
     log = server.log.read_text()
     assert "policy not reloaded, keeping the last good one" in log
     assert "no such policy file" in log
@@ -110,7 +94,7 @@ def test_broken_policy_files_keep_the_last_good_policy(served: Served) -> None:
 
     swap(served.policy_dir, "gpuMemory: 16\n", 9)  # a good policy again: applied everywhere
     eventually(lambda: all(not allows_20_gib(server) for _ in range(20)))
-    eventually(lambda: metric(server, "gpushare_policy_stale") == 0)
+    eventually(lambda: server.metrics()["gpushare_policy_stale"] == 0)
     swap(served.policy_dir, GOOD, 10)
     eventually(lambda: all(allows_20_gib(server) for _ in range(20)))
 
@@ -294,19 +278,19 @@ def test_kubernetes_api_down_slow_or_failing_keeps_the_last_nodes(
         api.put_node("a100-1", memory=80, count=2)
         server = start_watching(pki, kubeconfig, tmp_path / "server.log", workers=1)
         try:
-            assert answer(server, pod(container(gpu="40")))["allowed"] is True
-            assert metric(server, "gpushare_node_watch_connected") == 1
+            assert server.ask(pod(container(gpu="40")))["allowed"] is True
+            assert server.metrics()["gpushare_node_watch_connected"] == 1
             broken(api)
             api.put_node("t4-1", memory=16, count=1)  # an event: the open watch is cut
-            eventually(lambda: metric(server, "gpushare_node_watch_connected") == 0)
+            eventually(lambda: server.metrics()["gpushare_node_watch_connected"] == 0)
             for _ in range(3):  # last known nodes: 40 GiB still fits, 41 does not
-                assert answer(server, pod(container(gpu="40")))["allowed"] is True
-                assert answer(server, pod(container(gpu="41")))["allowed"] is False
-            assert metric(server, "gpushare_gpu_sizes_from_policy") == 0
+                assert server.ask(pod(container(gpu="40")))["allowed"] is True
+                assert server.ask(pod(container(gpu="41")))["allowed"] is False
+            assert server.metrics()["gpushare_gpu_sizes_from_policy"] == 0
             assert "node watch:" in server.log.read_text()
             healed(api)
-            eventually(lambda: metric(server, "gpushare_node_watch_connected") == 1, 45)
-            eventually(lambda: metric(server, "gpushare_gpu_nodes") == 2)
+            eventually(lambda: server.metrics()["gpushare_node_watch_connected"] == 1, 45)
+            eventually(lambda: server.metrics()["gpushare_gpu_nodes"] == 2)
         finally:
             stop_server(server)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import socket
 import ssl
 import threading
@@ -53,11 +52,7 @@ def tight(pki: tls.Issued, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 
 def honest_review(server: Server, gpu: str = "4") -> dict[str, object]:
-    body = json.dumps(review(pod(container(gpu=gpu)))).encode()
-    status, answer = server.request("POST", "/mutate", body, {"Content-Type": "application/json"})
-    assert status == 200
-    response: dict[str, object] = json.loads(answer)["response"]
-    return response
+    return server.ask(pod(container(gpu=gpu)))
 
 
 def raw_tls(server: Server) -> ssl.SSLSocket:
@@ -325,16 +320,9 @@ def test_oversized_heads_are_refused(tight: Server, head: bytes) -> None:
 
 def test_cut_connections_are_counted_by_reason(tight: Server) -> None:
     # Runs after the tests above: they cut connections of every kind.
-    status, body = tight.request("GET", "/metrics")
-    assert status == 200
-    counted = {
-        reason: float(value)
-        for reason, value in re.findall(
-            r'gpushare_connections_cut_total\{reason="([a-z-]+)"\} (\S+)', body.decode()
-        )
-    }
+    counted = tight.metrics()
     for reason in ("read-timeout", "plain-http", "not-tls"):
-        assert counted.get(reason, 0) >= 1, counted
+        assert counted.get(f'gpushare_connections_cut_total{{reason="{reason}"}}', 0) >= 1, counted
 
 
 def test_log_names_nothing_alarming(tight: Server) -> None:
