@@ -218,3 +218,22 @@ def test_limits_narrow_to_the_pool_a_pod_selects(
     assert (everywhere.largest_gpu, everywhere.nodes_with_largest) == (80, 2)
     t4 = limits_for({"nodeSelector": {"pool": "t4"}}, GIB, nodes)
     assert (t4.largest_gpu, t4.nodes_with_largest) == (16, 1)
+
+
+def test_start_and_wait_returns_once_the_first_list_is_in(
+    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
+) -> None:
+    api, _ = cluster
+    api.put_node("a", memory=24, count=1)
+    watcher.start_and_wait(timeout=10)
+    assert sizes(watcher) == {"a": 24}  # no waiting after it: the nodes are known
+
+
+def test_start_and_wait_gives_up_on_a_silent_api(
+    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
+) -> None:
+    api, _ = cluster
+    api.delay = 1.5  # slower than the wait below, faster than the client's timeout
+    watcher.start_and_wait(timeout=0.2)
+    assert not watcher.status().tried  # the worker goes on, falling back as usual
+    eventually(lambda: watcher.status().synced)
