@@ -68,6 +68,71 @@ def test_last_preload_entry_wins_like_the_kubelet() -> None:
     assert entries == [{"name": "LD_PRELOAD", "value": "/usr/local/vgpu/libvgpu.so:/b.so"}]
 
 
+LIMIT = {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1024m"}
+SHIM = {"name": "LD_PRELOAD", "value": "/usr/local/vgpu/libvgpu.so"}
+ENV = "/spec/containers/0/env"
+ENV_OPS = [
+    (None, [{"op": "add", "path": ENV, "value": [LIMIT, SHIM]}]),
+    (
+        [],
+        [
+            {"op": "add", "path": f"{ENV}/-", "value": LIMIT},
+            {"op": "add", "path": f"{ENV}/-", "value": SHIM},
+        ],
+    ),
+    ([{"name": "A", "value": "1"}, SHIM, LIMIT], []),
+    (
+        [{"name": "A", "value": "1"}, {"name": "LD_PRELOAD", "value": "/a.so"}],
+        [
+            {
+                "op": "replace",
+                "path": f"{ENV}/1",
+                "value": {**SHIM, "value": SHIM["value"] + ":/a.so"},
+            },
+            {"op": "add", "path": f"{ENV}/-", "value": LIMIT},
+        ],
+    ),
+    (
+        [
+            {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "9m"},
+            {**LIMIT, "value": "9m"},
+            SHIM,
+            LIMIT,
+            {"name": "B", "value": "2"},
+            {"name": "CUDA_DEVICE_SM_LIMIT_1", "value": "9"},
+        ],
+        [
+            {"op": "replace", "path": f"{ENV}/1", "value": LIMIT},
+            {"op": "remove", "path": f"{ENV}/5"},
+            {"op": "remove", "path": f"{ENV}/3"},
+            {"op": "remove", "path": f"{ENV}/0"},
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("env", "ops"),
+    ENV_OPS,
+    ids=["no-env", "empty-env", "already-set", "user-preload", "duplicates-and-overrides"],
+)
+def test_env_ops_touch_only_the_entries_they_change(env: Any, ops: list[Any]) -> None:
+    # Replacements first, removals from the highest index down, appends last:
+    # no op moves the entry another op points at, and the user's own
+    # entries never travel in the patch.
+    obj = pod(
+        container(gpu="1", volumeMounts=[])
+        if env is None
+        else container(gpu="1", env=env, volumeMounts=[])
+    )
+    patch = list(decide(obj).patch)
+    assert [op for op in patch if op["path"].startswith(ENV)] == ops
+    out = apply(obj, patch)
+    assert not [op for op in decide(out).patch if op["path"].startswith(ENV)]
+    mine = [e for e in env or [] if e["name"] in ("A", "B")]
+    assert [e for e in out["spec"]["containers"][0]["env"] if e["name"] in ("A", "B")] == mine
+
+
 def test_each_container_gets_its_own_limit_and_others_are_untouched() -> None:
     obj = pod(container("a", gpu="3"), container("web"), container("b", gpu="5"))
     out = mutated(obj)

@@ -8,7 +8,6 @@ CLI and the benchmarks all run exactly this code.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import traceback
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from webhook import responses
 from webhook.capacity import GpuLimits, GpuNode, limits_for
 from webhook.decoding import decode
 from webhook.errors import ReviewError
+from webhook.patching import compact_json
 from webhook.planning import Decision, plan, plan_ephemeral, untouched
 from webhook.policy import Policy
 from webhook.reviews import Request
@@ -48,7 +48,7 @@ class Result:
         return self.decision.outcome if self.decision else "untouched"
 
     def encode(self) -> bytes:
-        return json.dumps(self.body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return compact_json(self.body).encode("utf-8")
 
 
 def _is_pod(request: Request) -> bool:

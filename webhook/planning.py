@@ -10,7 +10,6 @@ hand it a pod and get back a :class:`Decision`.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,8 +19,8 @@ from webhook import patching
 from webhook.capacity import GpuLimits, limits_from_policy
 from webhook.errors import PodError, QuantityError, ShapeError
 from webhook.patching import Op
-from webhook.policy import LD_SO_PRELOAD, Policy, overlaps
-from webhook.quantities import parse_quantity, whole_count
+from webhook.policy import LD_SO_PRELOAD, EnvNames, Policy, Shim, overlaps
+from webhook.quantities import parse_quantity, plain_count, whole_count
 
 VOLUME_NAME = "gpushare-shim"
 STATUS_ANNOTATION = "gpushare-webhook.io/status"
@@ -66,10 +65,18 @@ class Decision:
         return self.outcome != "rejected"
 
 
+_KIND_WORDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
+
+
 def container_label(kind: str, name: object) -> str:
     """How messages name a container: "container 'main'" or "init container 'fetch'"."""
-    word = "init container" if kind == "initContainers" else "container"
-    return f"{word} {name!r}"
+    return f"{_KIND_WORDS.get(kind, 'container')} {name!r}"
+
+
+def _label(kind: str, container: Mapping[str, Any]) -> str:
+    # NB: labels and field paths are built only when a message needs them:
+    # on the accepted path they would cost more than the checks themselves.
+    return container_label(kind, container.get("name"))
 
 
 def untouched(reason: str) -> Decision:
@@ -121,8 +128,8 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
         # Not ours to shape, but a pod that names GPUs itself would get them unconfined.
         spec = pod.get("spec")
         if isinstance(spec, dict):
-            for kind, name, container in _each_container(spec, CONTAINER_KINDS):
-                _check_visible_devices(container, container_label(kind, name), policy)
+            for kind, container in _each_container(spec, CONTAINER_KINDS):
+                _check_visible_devices(container, kind, policy)
         return untouched("no-gpu-request")
     spec = _mapping(pod, "spec")
     metadata = _mapping(pod, "metadata", optional=True)
@@ -131,6 +138,7 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
     _check_confinement(spec, policy)
     asks = _collect_asks(spec, policy, limits)
     demand = _check_fit(asks, policy, limits)
+    layout = _layout(policy.shim, policy.env)
     warnings: list[str] = []
     ops: list[Op] = []
     ops += _scheduler_ops(spec, policy)
@@ -138,8 +146,8 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
     for ask in asks:
         container = spec[ask.kind][ask.index]
         base = f"/spec/{ask.kind}/{ask.index}"  # no token here needs JSON-Pointer escaping
-        ops += _env_ops(container, base, ask, policy, warnings)
-        ops += _mount_ops(container, base, ask, policy)
+        ops += _env_ops(container, base, ask, policy, layout=layout, warnings=warnings)
+        ops += _mount_ops(container, base, ask, policy, layout)
     ops += _annotation_ops(metadata, asks, policy, demand)
     outcome: Outcome = "mutated" if ops else "unchanged"
     return Decision(
@@ -156,13 +164,15 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
 
 
 def _mapping(parent: Mapping[str, Any], key: str, *, path: str = "", optional: bool = False) -> Any:
-    where = f"{path}.{key}" if path else key
     value = parent.get(key)
     if value is None and optional:
-        return {}
+        return _EMPTY
     if not isinstance(value, dict):
-        raise ShapeError(where, "an object", value)
+        raise ShapeError(f"{path}.{key}" if path else key, "an object", value)
     return value
+
+
+_EMPTY: Mapping[str, Any] = {}  # never handed out to be changed
 
 
 def _list(parent: Mapping[str, Any], key: str, path: str) -> list[Any]:
@@ -222,11 +232,10 @@ def plan_ephemeral(pod: object, policy: Policy, *, namespace: str = "") -> Decis
         if not isinstance(spec, dict):
             return untouched("no-gpu-request")
         gpu_pod = is_gpu_pod(pod, policy)
-        for kind, name, container in _each_container(spec, ("ephemeralContainers",)):
-            label = f"ephemeral container {name!r}"
-            _check_visible_devices(container, label, policy)
+        for kind, container in _each_container(spec, ("ephemeralContainers",)):
+            _check_visible_devices(container, kind, policy)
             if gpu_pod:
-                _check_privilege(container, label, policy, kind)
+                _check_privilege(container, kind, policy)
     except PodError as error:
         return Decision(
             outcome="rejected", reason=error.reason, message=str(error), code=error.code
@@ -236,13 +245,13 @@ def plan_ephemeral(pod: object, policy: Policy, *, namespace: str = "") -> Decis
 
 def _each_container(
     spec: Mapping[str, Any], kinds: tuple[str, ...]
-) -> list[tuple[str, object, Mapping[str, Any]]]:
+) -> list[tuple[str, Mapping[str, Any]]]:
     """Containers of ``kinds``, skipping malformed entries (reported elsewhere, if ours)."""
-    found: list[tuple[str, object, Mapping[str, Any]]] = []
+    found: list[tuple[str, Mapping[str, Any]]] = []
     for kind in kinds:
         containers = spec.get(kind)
         if isinstance(containers, list):
-            found += [(kind, c.get("name"), c) for c in containers if isinstance(c, dict)]
+            found += [(kind, c) for c in containers if isinstance(c, dict)]
     return found
 
 
@@ -259,13 +268,12 @@ def _check_confinement(spec: Mapping[str, Any], policy: Policy) -> None:
             "can reach other pods' GPU processes and memory; remove hostPID",
             reason="host-pid",
         )
-    for kind, name, container in _each_container(spec, CONTAINER_KINDS):
-        label = container_label(kind, name)
-        _check_privilege(container, label, policy, kind)
-        _check_visible_devices(container, label, policy)
+    for kind, container in _each_container(spec, CONTAINER_KINDS):
+        _check_privilege(container, kind, policy)
+        _check_visible_devices(container, kind, policy)
 
 
-def _check_privilege(container: Mapping[str, Any], label: str, policy: Policy, kind: str) -> None:
+def _check_privilege(container: Mapping[str, Any], kind: str, policy: Policy) -> None:
     if not policy.security.reject_privileged:
         return
     context = container.get("securityContext")
@@ -273,9 +281,9 @@ def _check_privilege(container: Mapping[str, Any], label: str, policy: Policy, k
         return
     if context.get("privileged") is True:
         raise PodError(
-            f"{label} sets securityContext.privileged: true; a privileged container sees "
-            "every GPU of the node, past the device cgroup and the GPU shim's limit, in a "
-            "GPU-memory pod: remove privileged",
+            f"{_label(kind, container)} sets securityContext.privileged: true; a privileged "
+            "container sees every GPU of the node, past the device cgroup and the GPU shim's "
+            "limit, in a GPU-memory pod: remove privileged",
             reason="privileged",
         )
     capabilities = context.get("capabilities")
@@ -284,14 +292,14 @@ def _check_privilege(container: Mapping[str, Any], label: str, policy: Policy, k
         bad = sorted({str(c) for c in added} & _ADMIN_CAPABILITIES)
         if bad:
             raise PodError(
-                f"{label} adds capability {bad[0]} (securityContext.capabilities.add); with it "
-                "a process can remount the GPU shim away or reach other GPUs in a GPU-memory "
-                f"pod: remove {bad[0]}",
+                f"{_label(kind, container)} adds capability {bad[0]} "
+                "(securityContext.capabilities.add); with it a process can remount the GPU shim "
+                f"away or reach other GPUs in a GPU-memory pod: remove {bad[0]}",
                 reason="sys-admin",
             )
 
 
-def _check_visible_devices(container: Mapping[str, Any], label: str, policy: Policy) -> None:
+def _check_visible_devices(container: Mapping[str, Any], kind: str, policy: Policy) -> None:
     if not policy.security.reject_visible_devices:
         return
     env = container.get("env")
@@ -305,31 +313,45 @@ def _check_visible_devices(container: Mapping[str, Any], label: str, policy: Pol
             continue
         shown = "(valueFrom)" if "valueFrom" in entry else repr(value)
         raise PodError(
-            f"{label} sets {VISIBLE_DEVICES} to {shown} (env[{index}]); the NVIDIA runtime "
-            "would hand it those GPUs with no memory limit. GPUs come from the device plugin: "
-            f"remove the variable and ask for {policy.resource_name}",
+            f"{_label(kind, container)} sets {VISIBLE_DEVICES} to {shown} (env[{index}]); the "
+            "NVIDIA runtime would hand it those GPUs with no memory limit. GPUs come from the "
+            f"device plugin: remove the variable and ask for {policy.resource_name}",
             reason="visible-devices",
         )
 
 
 def _resources(
-    container: Mapping[str, Any], path: str
+    container: Mapping[str, Any], kind: str, index: int
 ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """(limits, requests) of a container, each {} when absent."""
-    resources = _mapping(container, "resources", path=path, optional=True)
-    limits = _mapping(resources, "limits", path=f"{path}.resources", optional=True)
-    requests = _mapping(resources, "requests", path=f"{path}.resources", optional=True)
-    return limits, requests
+    resources = container.get("resources")
+    if resources is None:
+        return _EMPTY, _EMPTY
+    path = f"spec.{kind}[{index}]"
+    if not isinstance(resources, dict):
+        resources = _mapping(container, "resources", path=path)  # raises, naming the field
+    limits = resources.get("limits")
+    requests = resources.get("requests")
+    if not (isinstance(limits, dict) or limits is None):
+        _mapping(resources, "limits", path=f"{path}.resources")
+    if not (isinstance(requests, dict) or requests is None):
+        _mapping(resources, "requests", path=f"{path}.resources")
+    return limits or _EMPTY, requests or _EMPTY
 
 
 def _resource(
-    limits: Mapping[str, Any], requests: Mapping[str, Any], label: str, resource: str
+    limits: Mapping[str, Any],
+    requests: Mapping[str, Any],
+    kind: str,
+    container: Mapping[str, Any],
+    resource: str,
 ) -> object | None:
     """The limit of ``resource``, after checking requests agree with it."""
     limit: object | None = limits.get(resource)
     request: object | None = requests.get(resource)
     if request is None:
         return limit
+    label = _label(kind, container)
     if limit is None:
         raise QuantityError(
             f"{label} requests {resource}: {request!r} but sets no limit for it; extended "
@@ -359,47 +381,47 @@ def _same_quantity(a: object, b: object) -> bool:
 def _collect_asks(spec: Mapping[str, Any], policy: Policy, limits: GpuLimits) -> list[ContainerAsk]:
     asks = []
     unit = policy.memory_unit
+    memory_name = policy.resource_name
+    compute_name = policy.compute.resource_name
+    count_name = policy.multi_gpu.resource_name
     for kind, index, container in _containers(spec):
-        path = f"spec.{kind}[{index}]"
-        name = container.get("name")
-        label = container_label(kind, name)
-        limits_, requests = _resources(container, path)
-        memory_raw = _resource(limits_, requests, label, policy.resource_name)
-        compute_raw = _resource(limits_, requests, label, policy.compute.resource_name)
-        count_raw = _resource(limits_, requests, label, policy.multi_gpu.resource_name)
+        limits_, requests = _resources(container, kind, index)
+        memory_raw = _resource(limits_, requests, kind, container, memory_name)
+        compute_raw = _resource(limits_, requests, kind, container, compute_name)
+        count_raw = _resource(limits_, requests, kind, container, count_name)
         if memory_raw is None:
-            extra = policy.compute.resource_name if compute_raw is not None else None
-            extra = extra or (policy.multi_gpu.resource_name if count_raw is not None else None)
+            extra = compute_name if compute_raw is not None else None
+            extra = extra or (count_name if count_raw is not None else None)
             if extra:
                 raise QuantityError(
-                    f"{label} asks {extra} but no {policy.resource_name}; a GPU share needs "
-                    f"its memory too: add limits.{policy.resource_name}",
+                    f"{_label(kind, container)} asks {extra} but no {memory_name}; a GPU share "
+                    f"needs its memory too: add limits.{memory_name}",
                     reason="share-without-memory",
                 )
             continue
-        memory = whole_count(
+        memory = plain_count(memory_raw) or whole_count(
             memory_raw,
-            what=f"{label} limit {policy.resource_name}",
+            what=f"{_label(kind, container)} limit {memory_name}",
             unit_word=unit,
             byte_unit=unit,
         )
         gpus = 1
         if count_raw is not None:
-            gpus = whole_count(
-                count_raw, what=f"{label} limit {policy.multi_gpu.resource_name}", unit_word="GPUs"
+            gpus = plain_count(count_raw) or whole_count(
+                count_raw, what=f"{_label(kind, container)} limit {count_name}", unit_word="GPUs"
             )
-        memory = _per_device_memory(memory, gpus, label, policy)
-        compute = None
+            memory = _per_device_memory(memory, gpus, _label(kind, container), policy)
+        compute: int | None
         if compute_raw is not None:
-            compute = whole_count(
+            compute = plain_count(compute_raw, 100) or whole_count(
                 compute_raw,
-                what=f"{label} limit {policy.compute.resource_name}",
+                what=f"{_label(kind, container)} limit {compute_name}",
                 unit_word="percent",
                 maximum=100,
             )
         else:
             compute = _default_compute(memory, policy, limits)
-        asks.append(ContainerAsk(kind, index, str(name), memory, gpus, compute))
+        asks.append(ContainerAsk(kind, index, str(container.get("name")), memory, gpus, compute))
     return asks
 
 
@@ -429,12 +451,12 @@ def _default_compute(memory: int, policy: Policy, limits: GpuLimits) -> int | No
 
 def _check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits) -> int:
     unit = policy.memory_unit
-    bound = limits.describe(unit)
     for ask in asks:
         if ask.memory > limits.largest_gpu:
             raise PodError(
                 f"{ask.label} asks {ask.memory} {unit} of {policy.resource_name} per GPU, but "
-                f"{bound}: the pod could never be scheduled; ask at most {limits.largest_gpu}",
+                f"{limits.describe(unit)}: the pod could never be scheduled; ask at most "
+                f"{limits.largest_gpu}",
                 reason="exceeds-gpu",
             )
         if ask.gpus > limits.max_gpus:
@@ -453,8 +475,8 @@ def _check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits) -> i
         parts = ", ".join(f"{ask.name}={ask.memory}" for ask in app)
         raise PodError(
             f"the pod's containers together ask {demand} {unit} of {policy.resource_name} "
-            f"({parts}), and they share one GPU, but {bound}; lower the requests or split the "
-            "pod so its containers fit one GPU",
+            f"({parts}), and they share one GPU, but {limits.describe(unit)}; lower the requests "
+            "or split the pod so its containers fit one GPU",
             reason="exceeds-gpu",
         )
     compute_total = sum(ask.compute or 0 for ask in app)
@@ -509,29 +531,56 @@ def _volume_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
     return [patching.add("/spec/volumes/-", wanted)]
 
 
-def _wanted_mounts(policy: Policy) -> dict[str, dict[str, Any]]:
-    """The webhook's mounts in a GPU container, by mount path."""
-    shim_dir = policy.shim.mount_path.rstrip("/") + "/"
-    wanted = {
-        shim_dir: {"name": VOLUME_NAME, "mountPath": policy.shim.mount_path, "readOnly": True}
-    }
-    if policy.shim.ld_so_preload:
+@dataclass(frozen=True)
+class _Layout:
+    """What the webhook puts in every GPU container, worked out once per policy."""
+
+    preload: str  # the shim's path in the container, first in LD_PRELOAD
+    mount_dir: str  # the shim's mount path with one trailing slash, to compare paths
+    mounts: tuple[tuple[str, Mapping[str, Any]], ...]  # (path with trailing slash, mount)
+    mount_paths: frozenset[str]
+    memory_limit: str
+    sm_limit: str
+    shadow: re.Pattern[str]  # per-device variants of the limits (CUDA_DEVICE_MEMORY_LIMIT_3)
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(shim: Shim, env: EnvNames) -> _Layout:
+    mount_dir = shim.mount_path.rstrip("/") + "/"
+    mounts: list[tuple[str, Mapping[str, Any]]] = [
+        (mount_dir, {"name": VOLUME_NAME, "mountPath": shim.mount_path, "readOnly": True})
+    ]
+    if shim.ld_so_preload:
         # NB: <hostPath>/ld.so.preload lists the library by its path in the container.
-        wanted[LD_SO_PRELOAD + "/"] = {
-            "name": VOLUME_NAME,
-            "mountPath": LD_SO_PRELOAD,
-            "subPath": "ld.so.preload",
-            "readOnly": True,
-        }
-    return wanted
+        mounts.append(
+            (
+                LD_SO_PRELOAD + "/",
+                {
+                    "name": VOLUME_NAME,
+                    "mountPath": LD_SO_PRELOAD,
+                    "subPath": "ld.so.preload",
+                    "readOnly": True,
+                },
+            )
+        )
+    names = f"{re.escape(env.memory_limit)}|{re.escape(env.sm_limit)}"
+    return _Layout(
+        preload=shim.preload,
+        mount_dir=mount_dir,
+        mounts=tuple(mounts),
+        mount_paths=frozenset(path for path, _ in mounts),
+        memory_limit=env.memory_limit,
+        sm_limit=env.sm_limit,
+        shadow=re.compile(rf"({names})_\d+"),
+    )
 
 
 def _mount_ops(
-    container: Mapping[str, Any], base: str, ask: ContainerAsk, policy: Policy
+    container: Mapping[str, Any], base: str, ask: ContainerAsk, policy: Policy, layout: _Layout
 ) -> list[Op]:
-    wanted = _wanted_mounts(policy)
+    wanted = layout.mount_paths
+    shim_dir = layout.mount_dir
     mounts = _list(container, "volumeMounts", base)
-    shim_dir = policy.shim.mount_path.rstrip("/") + "/"
     ours: dict[str, int] = {}
     for index, mount in enumerate(mounts):
         if not isinstance(mount, dict):
@@ -563,93 +612,120 @@ def _mount_ops(
             )
     ops: list[Op] = []
     missing = []
-    for path, mount in wanted.items():
+    for path, mount in layout.mounts:
         if path in ours:
             if mounts[ours[path]] != mount:
-                ops.append(patching.replace(f"{base}/volumeMounts/{ours[path]}", mount))
+                ops.append(patching.replace(f"{base}/volumeMounts/{ours[path]}", dict(mount)))
         else:
-            missing.append(mount)
+            missing.append(dict(mount))  # a copy: the patch is the caller's to change
     if missing and container.get("volumeMounts") is None:
         return [patching.set_field(container, "volumeMounts", base, missing)]
-    return ops + [patching.add(f"{base}/volumeMounts/-", mount) for mount in missing]
+    for mount in missing:
+        ops.append(patching.add(f"{base}/volumeMounts/-", mount))
+    return ops
 
 
-def _limit_env(ask: ContainerAsk, policy: Policy) -> dict[str, str]:
+def _limit_env(ask: ContainerAsk, policy: Policy, layout: _Layout) -> dict[str, str]:
     mib = f"{ask.memory * policy.mib_per_unit}m"
-    wanted = {policy.env.memory_limit: mib}
+    wanted = {layout.memory_limit: mib}
     if ask.gpus > 1:
         # HAMi-core reads one limit per visible device, index by index.
         for device in range(ask.gpus):
-            wanted[f"{policy.env.memory_limit}_{device}"] = mib
+            wanted[f"{layout.memory_limit}_{device}"] = mib
     if ask.compute is not None:
-        wanted[policy.env.sm_limit] = str(ask.compute)
+        wanted[layout.sm_limit] = str(ask.compute)
     return wanted
 
 
 def _env_ops(
-    container: Mapping[str, Any], base: str, ask: ContainerAsk, policy: Policy, warnings: list[str]
+    container: Mapping[str, Any],
+    base: str,
+    ask: ContainerAsk,
+    policy: Policy,
+    *,
+    layout: _Layout,
+    warnings: list[str],
 ) -> list[Op]:
+    """Ops that leave the container's env as the shim needs it, and nothing else changed.
+
+    The limit variables and LD_PRELOAD are set where the container has them
+    (its first entry of each) or appended; later duplicates, which the
+    kubelet would let win, and per-device variants that would override the
+    limit are removed. Entries are addressed by index: replacements first,
+    then removals from the highest index down, so no op shifts another's
+    target; appends last.
+    """
     env = _list(container, "env", base)
-    wanted = _limit_env(ask, policy)
-    shadow = _shadow_pattern(policy.env.memory_limit, policy.env.sm_limit)
-    preload_value = _user_preload(env, ask)
-    new_env: list[Any] = []
+    wanted = _limit_env(ask, policy, layout)
+    prefixes = (layout.memory_limit, layout.sm_limit)
+    replaced: list[tuple[int, dict[str, str]]] = []
+    removed: list[int] = []
     seen: set[str] = set()
+    preload_at = -1
+    user_preload = ""
     for index, entry in enumerate(env):
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if type(name) is not str:
             raise ShapeError(f"{ask.label} env[{index}]", "an object with a string name", entry)
-        name = entry["name"]
-        if name in wanted or name == PRELOAD:
-            if name in seen:
-                # A later duplicate would win over ours: the kubelet keeps the last one.
-                warnings.append(f"{ask.label}: removed a second {name} entry")
-                continue
-            seen.add(name)
-            value = wanted[name] if name in wanted else _preload(preload_value, policy)
-            if name in wanted and (entry.get("value") != value or "valueFrom" in entry):
-                warnings.append(
-                    f"{ask.label}: {name} was set to {entry.get('value', '(valueFrom)')!r}; "
-                    f"the webhook set it to {value!r}, what the container asked for"
-                )
-            new_env.append({"name": name, "value": value})
-        elif shadow.fullmatch(name):
-            warnings.append(
-                f"{ask.label}: removed {name}, which would override the limit the webhook sets"
-            )
-        else:
-            new_env.append(entry)
-    for name, value in wanted.items():
-        if name not in seen:
-            new_env.append({"name": name, "value": value})
-    if PRELOAD not in seen:
-        new_env.append({"name": PRELOAD, "value": _preload(preload_value, policy)})
-    if new_env == env:
-        return []
-    return [patching.set_field(container, "env", base, new_env)]
-
-
-@functools.cache
-def _shadow_pattern(memory_limit: str, sm_limit: str) -> re.Pattern[str]:
-    """Per-device variants of the limit variables (``CUDA_DEVICE_MEMORY_LIMIT_3``)."""
-    return re.compile(rf"({re.escape(memory_limit)}|{re.escape(sm_limit)})_\d+")
-
-
-def _user_preload(env: list[Any], ask: ContainerAsk) -> str:
-    value = ""
-    for entry in env:
-        if isinstance(entry, dict) and entry.get("name") == PRELOAD:
+        if name == PRELOAD:
             if "valueFrom" in entry:
                 raise PodError(
                     f"{ask.label} sets {PRELOAD} with valueFrom; the webhook must know its value "
                     "to put the GPU shim first: set it with a plain value",
                     reason="preload-value-from",
                 )
-            value = str(entry.get("value") or "")  # the last entry wins, as in the kubelet
-    return value
+            # The kubelet keeps the last entry; the shim goes first in its value,
+            # at the place of the first entry, the only one left.
+            user_preload = str(entry.get("value") or "")
+            if preload_at >= 0:
+                warnings.append(f"{ask.label}: removed a second {name} entry")
+                removed.append(index)
+            else:
+                preload_at = index
+        elif name in wanted:
+            if name in seen:
+                # A later duplicate would win over ours: the kubelet keeps the last one.
+                warnings.append(f"{ask.label}: removed a second {name} entry")
+                removed.append(index)
+                continue
+            seen.add(name)
+            value = wanted[name]
+            if entry.get("value") != value or "valueFrom" in entry:
+                warnings.append(
+                    f"{ask.label}: {name} was set to {entry.get('value', '(valueFrom)')!r}; "
+                    f"the webhook set it to {value!r}, what the container asked for"
+                )
+            if len(entry) != 2 or entry.get("value") != value:
+                replaced.append((index, {"name": name, "value": value}))
+        elif name.startswith(prefixes) and layout.shadow.fullmatch(name):
+            warnings.append(
+                f"{ask.label}: removed {name}, which would override the limit the webhook sets"
+            )
+            removed.append(index)
+    preload = {"name": PRELOAD, "value": _preload(user_preload, layout.preload)}
+    added = [{"name": name, "value": value} for name, value in wanted.items() if name not in seen]
+    if preload_at < 0:
+        added.append(preload)
+    elif env[preload_at] != preload:
+        replaced.append((preload_at, preload))
+        replaced.sort(key=_first)
+    if container.get("env") is None:
+        return [patching.set_field(container, "env", base, added)]
+    ops = [patching.replace(f"{base}/env/{index}", entry) for index, entry in replaced]
+    for index in reversed(removed):
+        ops.append(patching.remove(f"{base}/env/{index}"))
+    for entry in added:
+        ops.append(patching.add(f"{base}/env/-", entry))
+    return ops
 
 
-def _preload(user_value: str, policy: Policy) -> str:
-    shim = policy.shim.preload
+def _first(pair: tuple[int, Any]) -> int:
+    return pair[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _preload(user_value: str, shim: str) -> str:
+    """LD_PRELOAD with the shim first, then the user's libraries (the shim once)."""
     # ld.so splits LD_PRELOAD on spaces and colons alike.
     others = [item for item in re.split(r"[:\s]+", user_value) if item and item != shim]
     return ":".join([shim, *others])
@@ -671,7 +747,7 @@ def _annotation_ops(
             for ask in asks
         },
     }
-    value = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    value = patching.sorted_ascii_json(record)
     annotations = metadata.get("annotations")
     if annotations is None:
         if not metadata:

@@ -64,6 +64,15 @@ def _plain_integer(raw: object) -> int | None:
     return None
 
 
+def plain_count(raw: object, maximum: int | None = None) -> int | None:
+    """The count of a quantity written as a plain positive integer ("4") within
+    ``maximum``; None when :func:`whole_count` has to look closer (and explain)."""
+    count = _plain_integer(raw)
+    if count is not None and count > 0 and (maximum is None or count <= maximum):
+        return count
+    return None
+
+
 def parse_quantity(raw: object) -> Quantity:
     """Parse a quantity as the apiserver would, from a JSON string or number.
 
@@ -122,8 +131,8 @@ def whole_count(
     ``byte_unit`` is set for memory resources: it lets the message catch the
     common slip of writing a byte quantity ("4Gi") where units are counted.
     """
-    count = _plain_integer(raw)
-    if count is not None and count > 0 and (maximum is None or count <= maximum):
+    count = plain_count(raw, maximum)
+    if count is not None:
         return count  # the usual "4": no suffix, no fraction, nothing to explain
     try:
         quantity = parse_quantity(raw)
