@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import pytest
 from flask.testing import FlaskClient
+from prometheus_client import Histogram
 
 from tests.helpers import container, pod, review, swap
 from webhook import logs
+from webhook.admission import admit
 from webhook.app import State, create_app
 from webhook.capacity import GpuNode
-from webhook.metrics import Metrics
-from webhook.policy import Policy
+from webhook.metrics import BUCKETS, FLUSH_INTERVAL, Metrics
+from webhook.policy import DEFAULT_POLICY, Policy
 from webhook.runtime import NodeStatus, NodeView, NoNodes, PolicySource
 
 
@@ -73,6 +76,39 @@ def test_each_outcome_is_counted_with_its_reason() -> None:
     assert values["gpushare_gpu_sizes_from_policy"] == 1
     assert values["gpushare_node_watch_enabled"] == 0
     assert values["gpushare_largest_gpu_memory_bytes"] == 16 * 2**30
+
+
+def test_tallied_durations_land_in_the_buckets_observe_would_use() -> None:
+    # Reviews are tallied in memory and added to the histogram in batches;
+    # the page must be what one observe() per review would have made.
+    durations = [0.0, 0.0004, 0.0005, 0.00051, 0.003, 0.01, 0.7, 2.5, 9.99, 10.0, 12.0, 600.0]
+    direct = Histogram("d", "d", buckets=BUCKETS, registry=None)
+    for seconds in durations:
+        direct.observe(seconds)
+    expected = {s.labels["le"]: s.value for s in direct.collect()[0].samples if "le" in s.labels}
+    source, nodes = PolicySource(), NoNodes()
+    metrics = Metrics(source, nodes)
+    result = admit(json.dumps(review(pod(container(gpu="1")))).encode(), DEFAULT_POLICY)
+    for seconds in durations:
+        metrics.observe(result, seconds, fallback=False, policy=DEFAULT_POLICY)
+    values = scrape(create_app(State(policy=source, nodes=nodes, metrics=metrics)).test_client())
+    name = "gpushare_admission_duration_seconds"
+    got = {le: values[f'{name}_bucket{{le="{le}"}}'] for le in expected}
+    assert got == expected
+    assert values[f"{name}_count"] == len(durations)
+    assert values[f"{name}_sum"] == pytest.approx(sum(durations))
+    assert values['gpushare_admitted_gpu_pods_total{namespace="team-a"}'] == len(durations)
+
+
+def test_tallied_reviews_reach_the_counters_without_a_scrape() -> None:
+    source, nodes = PolicySource(), NoNodes()
+    metrics = Metrics(source, nodes)
+    result = admit(json.dumps(review(pod(container(gpu="2")))).encode(), DEFAULT_POLICY)
+    metrics.observe(result, 0.001, fallback=False, policy=DEFAULT_POLICY)
+    deadline = time.monotonic() + 5 * FLUSH_INTERVAL
+    while metrics.memory.labels("team-a")._value.get() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metrics.memory.labels("team-a")._value.get() == 2 * 2**30
 
 
 def test_a_refused_policy_shows_as_stale_until_fixed(tmp_path: Path) -> None:

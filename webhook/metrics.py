@@ -11,12 +11,25 @@ certificate, so any one of them can speak for the process.
 prometheus-client chooses its storage when it is first imported, from
 ``PROMETHEUS_MULTIPROC_DIR``: ``serve`` sets it (with
 ``webhook.runtime.prepare_metrics_directory``) before importing this module.
+
+NB: writing a count to those files takes a lock and an mmap write per
+value, four to five values per review: a few percent of a worker's time.
+So each review is only tallied in memory, and the tally goes to the files
+at most ``FLUSH_INTERVAL`` later (by a thread of each worker, before every
+scrape that worker answers, and when it exits): a scrape may see another
+worker's last second of reviews on the next one, as with any scrape.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
+import threading
+import time
+from bisect import bisect_left
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -31,9 +44,11 @@ from webhook.policy import Policy
 from webhook.quantities import UNIT_MIB
 from webhook.runtime import METRICS_ENV, NodeSource, PolicySource
 
+log = logging.getLogger("gpushare_webhook.metrics")
 ENV = METRICS_ENV
 # Admission answers take 0.1–5 ms here; the apiserver's default timeout is 10 s.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0)
+FLUSH_INTERVAL = 1.0  # seconds a review may wait in a worker's tally
 
 
 def bytes_per_unit(policy: Policy) -> int:
@@ -48,6 +63,21 @@ def reserved(result: Result) -> int:
     app = sum(a.memory * a.gpus for a in asks if a.kind == "containers")
     init = max((a.memory * a.gpus for a in asks if a.kind == "initContainers"), default=0)
     return max(app, init)
+
+
+@dataclass
+class Tally:
+    """Reviews a process answered since its counts last went to the metric files."""
+
+    reviews: dict[tuple[str, str], int] = field(default_factory=dict)  # (outcome, reason)
+    # Observations per bucket, as prometheus-client keeps them: index i is the
+    # first bound at or above the duration, the last index is +Inf.
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
+    seconds: float = 0.0
+    fallback: int = 0
+    pods: dict[str, int] = field(default_factory=dict)  # by namespace
+    memory: dict[str, int] = field(default_factory=dict)  # bytes, by namespace
+    empty: bool = True
 
 
 class Metrics:
@@ -106,6 +136,9 @@ class Metrics:
             self.cut,
         )
         self.live = LiveState(policy, nodes, cert)
+        self._tally = Tally()
+        self._lock = threading.Lock()
+        self._flusher_pid = 0
 
     def observe(self, result: Result, seconds: float, *, fallback: bool, policy: Policy) -> None:
         outcome = result.outcome
@@ -115,18 +148,67 @@ class Metrics:
             reason = "internal"
         else:
             reason = result.decision.reason if result.decision else "untouched"
-        self.reviews.labels(outcome, reason).inc()
-        self.duration.observe(seconds)
-        if fallback and outcome not in ("untouched", "bad-request"):
-            self.fallback.inc()  # only GPU pods are bounded by the GPU size
-        if outcome in ("mutated", "unchanged") and not result.dry_run:
-            self.pods.labels(result.namespace).inc()
-            self.memory.labels(result.namespace).inc(reserved(result) * bytes_per_unit(policy))
+        admitted = outcome in ("mutated", "unchanged") and not result.dry_run
+        memory = reserved(result) * bytes_per_unit(policy) if admitted else 0
+        if self._flusher_pid != os.getpid():
+            self._start_flushing()
+        with self._lock:
+            tally = self._tally
+            tally.empty = False
+            key = (outcome, reason)
+            tally.reviews[key] = tally.reviews.get(key, 0) + 1
+            tally.buckets[bisect_left(BUCKETS, seconds)] += 1
+            tally.seconds += seconds
+            if fallback and outcome not in ("untouched", "bad-request"):
+                tally.fallback += 1  # only GPU pods are bounded by the GPU size
+            if admitted:
+                namespace = result.namespace
+                tally.pods[namespace] = tally.pods.get(namespace, 0) + 1
+                tally.memory[namespace] = tally.memory.get(namespace, 0) + memory
+
+    def flush(self) -> None:
+        """Add what this process tallied to the metric files (or memory)."""
+        with self._lock:
+            if self._tally.empty:
+                return
+            tally, self._tally = self._tally, Tally()
+        for (outcome, reason), count in tally.reviews.items():
+            self.reviews.labels(outcome, reason).inc(count)
+        # NB: Histogram has no call for many observations at once; these are
+        # the values its observe() adds to, one per bucket and the sum.
+        for bucket, count in zip(self.duration._buckets, tally.buckets, strict=True):
+            if count:
+                bucket.inc(count)
+        self.duration._sum.inc(tally.seconds)
+        if tally.fallback:
+            self.fallback.inc(tally.fallback)
+        for namespace, count in tally.pods.items():
+            self.pods.labels(namespace).inc(count)
+        for namespace, count in tally.memory.items():
+            self.memory.labels(namespace).inc(count)
+
+    def _start_flushing(self) -> None:
+        """Flush from a thread of this process (a worker, after fork) and at its exit."""
+        with self._lock:
+            if self._flusher_pid == os.getpid():
+                return
+            self._flusher_pid = os.getpid()
+        threading.Thread(target=self._flush_forever, name="metrics-flush", daemon=True).start()
+        atexit.register(self.flush)
+
+    def _flush_forever(self) -> None:
+        while True:
+            time.sleep(FLUSH_INTERVAL)
+            try:
+                self.flush()
+            except Exception:  # a full disk must not stop the counting for good
+                log.exception("writing metrics failed")
 
     def connection_cut(self, reason: str, count: int) -> None:
         self.cut.labels(reason).inc(count)
 
     def render(self) -> tuple[bytes, str]:
+        self.flush()
         registry = CollectorRegistry(auto_describe=True)
         if os.environ.get(ENV):
             MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

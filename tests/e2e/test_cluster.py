@@ -19,6 +19,7 @@ from tests.conftest import Server, free_port, start_server, start_watching, stop
 from tests.helpers import container, eventually, pod
 from tests.kubeapi import FakeApi, serve
 from webhook import tls
+from webhook.metrics import FLUSH_INTERVAL
 
 JSON = {"Content-Type": "application/json"}
 
@@ -69,6 +70,7 @@ def test_a_new_node_raises_the_bound_without_a_restart(cluster: tuple[FakeApi, S
 
 def test_metrics_add_up_both_workers(cluster: tuple[FakeApi, Server]) -> None:
     _, server = cluster
+    time.sleep(FLUSH_INTERVAL + 0.5)  # earlier tests' reviews are in the counts by now
     before = server.metrics()
     key = 'gpushare_admission_reviews_total{outcome="rejected",reason="exceeds-gpu"}'
     pods = 'gpushare_admitted_gpu_pods_total{namespace="quota-test"}'
@@ -77,9 +79,17 @@ def test_metrics_add_up_both_workers(cluster: tuple[FakeApi, Server]) -> None:
         server.ask(pod(container(gpu="3"), container("b", gpu="2")), namespace="quota-test")
     server.ask(pod(container(gpu="3")), namespace="quota-test")
     server.request("POST", "/mutate", b"{", JSON)
-    after = server.metrics()
+    # A worker adds its tally to the shared counts within a second, with or
+    # without more traffic; until then a scrape may show a partial sum.
+    scrapes: list[dict[str, float]] = []
+
+    def all_counted() -> bool:
+        scrapes.append(server.metrics())
+        return scrapes[-1].get(pods, 0) - before.get(pods, 0) == 11
+
+    eventually(all_counted, 5)
+    after = scrapes[-1]
     assert after[key] - before.get(key, 0) == 10
-    assert after[pods] - before.get(pods, 0) == 11
     memory = 'gpushare_admitted_gpu_memory_bytes_total{namespace="quota-test"}'
     assert after[memory] - before.get(memory, 0) == (10 * 5 + 3) * 2**30
     bad = 'gpushare_admission_reviews_total{outcome="bad-request",reason="bad-request"}'
