@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import time
@@ -208,3 +209,15 @@ def test_a_log_line_is_one_write_of_a_whole_line(tmp_path: Path) -> None:
     lines = target.read_text().splitlines()
     assert len(lines) == 2
     assert json.loads(lines[0])["pod"] == "tränen"
+
+
+def test_log_times_match_datetime_to_the_millisecond() -> None:
+    # The formatter caches the date and time to the second; every line must
+    # still read exactly as datetime would print it, carries included.
+    formatter = logs.JsonFormatter()
+    base = 1_796_000_000
+    moments = [base + 0.0, base + 0.0004, base + 0.4269999, base + 0.9999996, base + 1.5]
+    moments += [base + 59.999, base + 60.001, 557_537_194.426, 0.0, base - 0.25]
+    for created in moments:
+        expected = dt.datetime.fromtimestamp(created, dt.UTC).isoformat(timespec="milliseconds")
+        assert formatter.timestamp(created) == expected, created
