@@ -64,6 +64,7 @@ def test_golden(case: Path) -> None:
     assert expected_path.exists(), f"{case.name}: no response.json (run with GOLDEN_UPDATE=1)"
     assert got == json.loads(expected_path.read_text())
 
+    assert json.loads(result.encode()) == result.body  # what goes on the wire
     response = result.body["response"]
     assert response["uid"] == request["request"]["uid"]
     assert result.body["apiVersion"] == request["apiVersion"]

@@ -141,9 +141,6 @@ class Mutate:
     def _read(self, environ: dict[str, Any]) -> bytes | Answer:
         """The body, or an error: a declared length over the limit is refused unread."""
         stream = environ["wsgi.input"]
-        too_big = _error(
-            413, f"body larger than {self.max_body} bytes; an AdmissionReview is never this big"
-        )
         declared = environ.get("CONTENT_LENGTH")
         if declared:
             try:
@@ -153,13 +150,18 @@ class Mutate:
             if length < 0:
                 return _error(400, f"Content-Length is {declared!r}, not a number of bytes")
             if length > self.max_body:
-                return too_big
+                return self._too_big()
             data: bytes = stream.read(length)
             return data
         if environ.get("wsgi.input_terminated"):  # chunked: read up to the limit, no further
             data = stream.read(self.max_body + 1)
-            return too_big if len(data) > self.max_body else data
+            return self._too_big() if len(data) > self.max_body else data
         return b""
+
+    def _too_big(self) -> Answer:
+        return _error(
+            413, f"body larger than {self.max_body} bytes; an AdmissionReview is never this big"
+        )
 
 
 def _error(status: int, message: str) -> Answer:
