@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from bench.reviews import gpu_pod, mix, review  # noqa: E402
 from webhook import tls  # noqa: E402
 from webhook.admission import admit  # noqa: E402
+from webhook.capacity import GpuNode  # noqa: E402
 from webhook.policy import DEFAULT_POLICY  # noqa: E402
 
 
@@ -184,7 +185,18 @@ def decision_us(bodies: list[bytes], rounds: int) -> dict[str, float]:
 
     webhook = best(lambda: admit(body, DEFAULT_POLICY).encode())
     floor = best(lambda: json.dumps(json.loads(body)).encode())
-    return {"webhook": webhook, "floor": floor, "ratio": webhook / floor}
+    # With --watch-nodes (as deployed) every pod is bounded by the nodes it may run on.
+    nodes = tuple(
+        GpuNode(f"gpu-{i}", 80 if i % 4 else 24, 8, {"pool": f"p{i % 4}", "host": f"gpu-{i}"})
+        for i in range(500)
+    )
+    with_nodes = best(lambda: admit(body, DEFAULT_POLICY, nodes).encode())
+    return {
+        "webhook": webhook,
+        "floor": floor,
+        "ratio": webhook / floor,
+        "webhook_500_nodes": with_nodes,
+    }
 
 
 def main() -> int:
@@ -318,7 +330,8 @@ def main() -> int:
     d = results["decision_us"]
     print(
         f"decision (8 containers): {d['webhook']:.0f} us vs json round trip "
-        f"{d['floor']:.0f} us (x{d['ratio']:.1f})"
+        f"{d['floor']:.0f} us (x{d['ratio']:.1f}); {d['webhook_500_nodes']:.0f} us "
+        "with 500 GPU nodes known"
     )
     print(
         f"worker RSS: {results['rss_mib']['start']:.1f} -> "

@@ -350,12 +350,31 @@ NODES = [
 def test_limits_follow_node_selection(
     spec: dict[str, Any], largest: int, count: int, gpus: int
 ) -> None:
-    limits = limits_for(spec, DEFAULT_POLICY, NODES)
-    assert (limits.largest_gpu, limits.nodes_with_largest, limits.max_gpus) == (
-        largest,
-        count,
-        gpus,
-    )
+    # A list is read each time; a tuple (as the node watch hands out) is
+    # remembered by placement: both must say the same, the second time too.
+    for nodes in (NODES, tuple(NODES), tuple(NODES)[::-1], NODES):
+        for _ in range(2):
+            limits = limits_for(spec, DEFAULT_POLICY, nodes)
+            assert (limits.largest_gpu, limits.nodes_with_largest, limits.max_gpus) == (
+                largest,
+                count,
+                gpus,
+            )
+
+
+def test_remembered_limits_follow_a_new_node_list() -> None:
+    before = tuple(NODES)
+    spec = {"nodeSelector": {"pool": "t4"}}
+    assert limits_for(spec, DEFAULT_POLICY, before).largest_gpu == 16
+    assert limits_for({}, DEFAULT_POLICY, before).largest_gpu == 80
+    after = (*before, GpuNode("t4-big", 24, 1, {"pool": "t4"}), GpuNode("h100", 94, 8, {}))
+    assert limits_for(spec, DEFAULT_POLICY, after).largest_gpu == 24
+    assert limits_for({}, DEFAULT_POLICY, after).largest_gpu == 94
+    # The same selector written in another key order is the same placement.
+    both = {"nodeSelector": {"zone": "z1", "pool": "t4"}}
+    again = {"nodeSelector": {"pool": "t4", "zone": "z1"}}
+    assert limits_for(both, DEFAULT_POLICY, after) is limits_for(again, DEFAULT_POLICY, after)
+    assert limits_for(both, DEFAULT_POLICY, after).largest_gpu == 16
 
 
 def test_cluster_limits_reach_the_message() -> None:
