@@ -84,7 +84,7 @@ def test_patch_applies_validates_and_is_a_fixed_point(obj: dict[str, Any]) -> No
     assert again.patch == (), again.patch
     assert decision.demand <= DEFAULT_POLICY.gpu_memory
     for ask in decision.asks:
-        container = out["spec"][ask.kind][ask.index]
+        container = out["spec"][ask.kind][ask.position]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["CUDA_DEVICE_MEMORY_LIMIT"] == f"{ask.memory * 1024}m"
         assert env["LD_PRELOAD"].split(":")[0] == DEFAULT_POLICY.shim.preload

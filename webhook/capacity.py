@@ -9,6 +9,7 @@ a GPU size. Knows nothing of how nodes are found.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -92,11 +93,12 @@ class GpuLimits:
 
 
 def limits_from_policy(policy: Policy) -> GpuLimits:
-    return GpuLimits(
-        largest_gpu=policy.gpu_memory,
-        max_gpus=policy.multi_gpu.max_gpus,
-        source="policy gpuMemory",
-    )
+    return _policy_limits(policy.gpu_memory, policy.multi_gpu.max_gpus)
+
+
+@functools.lru_cache(maxsize=16)
+def _policy_limits(gpu_memory: int, max_gpus: int) -> GpuLimits:
+    return GpuLimits(largest_gpu=gpu_memory, max_gpus=max_gpus, source="policy gpuMemory")
 
 
 def limits_for(

@@ -13,7 +13,7 @@ import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from webhook import patching
 from webhook.capacity import GpuLimits, limits_from_policy
@@ -31,12 +31,16 @@ CONTAINER_KINDS = ("initContainers", "containers")
 Outcome = Literal["untouched", "mutated", "unchanged", "rejected"]
 
 
-@dataclass(frozen=True)
-class ContainerAsk:
-    """What one container asked for, already validated."""
+class ContainerAsk(NamedTuple):
+    """What one container asked for, already validated.
+
+    A NamedTuple rather than a frozen dataclass: there is one per GPU
+    container of every pod, and a frozen dataclass costs three times as
+    much to make.
+    """
 
     kind: str  # "containers" or "initContainers"
-    index: int
+    position: int  # in spec.<kind>
     name: str
     memory: int  # GPU memory per device, in the policy's unit
     gpus: int
@@ -138,15 +142,15 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
     _check_confinement(spec, policy)
     asks = _collect_asks(spec, policy, limits)
     demand = _check_fit(asks, policy, limits)
-    layout = _layout(policy.shim, policy.env)
+    layout = _layout(policy.shim, policy.env, policy.mib_per_unit)
     warnings: list[str] = []
     ops: list[Op] = []
     ops += _scheduler_ops(spec, policy)
     ops += _volume_ops(spec, policy)
     for ask in asks:
-        container = spec[ask.kind][ask.index]
-        base = f"/spec/{ask.kind}/{ask.index}"  # no token here needs JSON-Pointer escaping
-        ops += _env_ops(container, base, ask, policy, layout=layout, warnings=warnings)
+        container = spec[ask.kind][ask.position]
+        base = f"/spec/{ask.kind}/{ask.position}"  # no token here needs JSON-Pointer escaping
+        ops += _env_ops(container, base, ask, layout=layout, warnings=warnings)
         ops += _mount_ops(container, base, ask, policy, layout)
     ops += _annotation_ops(metadata, asks, policy, demand)
     outcome: Outcome = "mutated" if ops else "unchanged"
@@ -268,9 +272,19 @@ def _check_confinement(spec: Mapping[str, Any], policy: Policy) -> None:
             "can reach other pods' GPU processes and memory; remove hostPID",
             reason="host-pid",
         )
-    for kind, container in _each_container(spec, CONTAINER_KINDS):
-        _check_privilege(container, kind, policy)
-        _check_visible_devices(container, kind, policy)
+    privilege = policy.security.reject_privileged
+    devices = policy.security.reject_visible_devices
+    for kind in CONTAINER_KINDS:
+        containers = spec.get(kind)
+        if not isinstance(containers, list):
+            continue
+        for container in containers:
+            if not isinstance(container, dict):
+                continue  # reported when the asks are read
+            if privilege and "securityContext" in container:
+                _check_privilege(container, kind, policy)
+            if devices and "env" in container:
+                _check_visible_devices(container, kind, policy)
 
 
 def _check_privilege(container: Mapping[str, Any], kind: str, policy: Policy) -> None:
@@ -386,9 +400,16 @@ def _collect_asks(spec: Mapping[str, Any], policy: Policy, limits: GpuLimits) ->
     count_name = policy.multi_gpu.resource_name
     for kind, index, container in _containers(spec):
         limits_, requests = _resources(container, kind, index)
-        memory_raw = _resource(limits_, requests, kind, container, memory_name)
-        compute_raw = _resource(limits_, requests, kind, container, compute_name)
-        count_raw = _resource(limits_, requests, kind, container, count_name)
+        if requests and (
+            memory_name in requests or compute_name in requests or count_name in requests
+        ):
+            memory_raw = _resource(limits_, requests, kind, container, memory_name)
+            compute_raw = _resource(limits_, requests, kind, container, compute_name)
+            count_raw = _resource(limits_, requests, kind, container, count_name)
+        else:
+            memory_raw = limits_.get(memory_name)
+            compute_raw = limits_.get(compute_name)
+            count_raw = limits_.get(count_name)
         if memory_raw is None:
             extra = compute_name if compute_raw is not None else None
             extra = extra or (count_name if count_raw is not None else None)
@@ -419,6 +440,8 @@ def _collect_asks(spec: Mapping[str, Any], policy: Policy, limits: GpuLimits) ->
                 unit_word="percent",
                 maximum=100,
             )
+        elif policy.compute.default == "none":
+            compute = None
         else:
             compute = _default_compute(memory, policy, limits)
         asks.append(ContainerAsk(kind, index, str(container.get("name")), memory, gpus, compute))
@@ -541,11 +564,17 @@ class _Layout:
     mount_paths: frozenset[str]
     memory_limit: str
     sm_limit: str
+    limit_names: tuple[str, str]
     shadow: re.Pattern[str]  # per-device variants of the limits (CUDA_DEVICE_MEMORY_LIMIT_3)
+    mib_per_unit: int
+
+    def new_mounts(self) -> list[dict[str, Any]]:
+        """The webhook's mounts, as new objects: the patch is the caller's to change."""
+        return [dict(mount) for _, mount in self.mounts]
 
 
 @functools.lru_cache(maxsize=16)
-def _layout(shim: Shim, env: EnvNames) -> _Layout:
+def _layout(shim: Shim, env: EnvNames, mib_per_unit: int) -> _Layout:
     mount_dir = shim.mount_path.rstrip("/") + "/"
     mounts: list[tuple[str, Mapping[str, Any]]] = [
         (mount_dir, {"name": VOLUME_NAME, "mountPath": shim.mount_path, "readOnly": True})
@@ -571,7 +600,9 @@ def _layout(shim: Shim, env: EnvNames) -> _Layout:
         mount_paths=frozenset(path for path, _ in mounts),
         memory_limit=env.memory_limit,
         sm_limit=env.sm_limit,
+        limit_names=(env.memory_limit, env.sm_limit),
         shadow=re.compile(rf"({names})_\d+"),
+        mib_per_unit=mib_per_unit,
     )
 
 
@@ -580,12 +611,17 @@ def _mount_ops(
 ) -> list[Op]:
     wanted = layout.mount_paths
     shim_dir = layout.mount_dir
-    mounts = _list(container, "volumeMounts", base)
+    mounts = container.get("volumeMounts")
+    if mounts is None:
+        return [patching.set_field(container, "volumeMounts", base, layout.new_mounts())]
+    if not isinstance(mounts, list):
+        raise ShapeError(f"{base}.volumeMounts", "a list", mounts)
     ours: dict[str, int] = {}
     for index, mount in enumerate(mounts):
         if not isinstance(mount, dict):
             raise ShapeError(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
-        path = str(mount.get("mountPath", "")).rstrip("/") + "/"
+        path = mount.get("mountPath", "")
+        path = (path if type(path) is str else str(path)).rstrip("/") + "/"
         name = mount.get("name")
         if name == VOLUME_NAME and path in wanted and path not in ours:
             ours[path] = index
@@ -617,16 +653,14 @@ def _mount_ops(
             if mounts[ours[path]] != mount:
                 ops.append(patching.replace(f"{base}/volumeMounts/{ours[path]}", dict(mount)))
         else:
-            missing.append(dict(mount))  # a copy: the patch is the caller's to change
-    if missing and container.get("volumeMounts") is None:
-        return [patching.set_field(container, "volumeMounts", base, missing)]
+            missing.append(mount)
     for mount in missing:
-        ops.append(patching.add(f"{base}/volumeMounts/-", mount))
+        ops.append(patching.add(f"{base}/volumeMounts/-", dict(mount)))
     return ops
 
 
-def _limit_env(ask: ContainerAsk, policy: Policy, layout: _Layout) -> dict[str, str]:
-    mib = f"{ask.memory * policy.mib_per_unit}m"
+def _limit_env(ask: ContainerAsk, layout: _Layout) -> dict[str, str]:
+    mib = f"{ask.memory * layout.mib_per_unit}m"
     wanted = {layout.memory_limit: mib}
     if ask.gpus > 1:
         # HAMi-core reads one limit per visible device, index by index.
@@ -641,7 +675,6 @@ def _env_ops(
     container: Mapping[str, Any],
     base: str,
     ask: ContainerAsk,
-    policy: Policy,
     *,
     layout: _Layout,
     warnings: list[str],
@@ -655,9 +688,15 @@ def _env_ops(
     then removals from the highest index down, so no op shifts another's
     target; appends last.
     """
-    env = _list(container, "env", base)
-    wanted = _limit_env(ask, policy, layout)
-    prefixes = (layout.memory_limit, layout.sm_limit)
+    wanted = _limit_env(ask, layout)
+    env = container.get("env")
+    if env is None:
+        entries = [{"name": name, "value": value} for name, value in wanted.items()]
+        entries.append({"name": PRELOAD, "value": layout.preload})
+        return [patching.set_field(container, "env", base, entries)]
+    if not isinstance(env, list):
+        raise ShapeError(f"{base}.env", "a list", env)
+    prefixes = layout.limit_names
     replaced: list[tuple[int, dict[str, str]]] = []
     removed: list[int] = []
     seen: set[str] = set()
@@ -702,20 +741,21 @@ def _env_ops(
                 f"{ask.label}: removed {name}, which would override the limit the webhook sets"
             )
             removed.append(index)
+    ops: list[Op] = []
     preload = {"name": PRELOAD, "value": _preload(user_preload, layout.preload)}
-    added = [{"name": name, "value": value} for name, value in wanted.items() if name not in seen]
-    if preload_at < 0:
-        added.append(preload)
-    elif env[preload_at] != preload:
+    if preload_at >= 0 and env[preload_at] != preload:
         replaced.append((preload_at, preload))
-        replaced.sort(key=_first)
-    if container.get("env") is None:
-        return [patching.set_field(container, "env", base, added)]
-    ops = [patching.replace(f"{base}/env/{index}", entry) for index, entry in replaced]
+        if len(replaced) > 1:
+            replaced.sort(key=_first)
+    for index, entry in replaced:
+        ops.append(patching.replace(f"{base}/env/{index}", entry))
     for index in reversed(removed):
         ops.append(patching.remove(f"{base}/env/{index}"))
-    for entry in added:
-        ops.append(patching.add(f"{base}/env/-", entry))
+    for name, value in wanted.items():
+        if name not in seen:
+            ops.append(patching.add(f"{base}/env/-", {"name": name, "value": value}))
+    if preload_at < 0:
+        ops.append(patching.add(f"{base}/env/-", preload))
     return ops
 
 
@@ -734,18 +774,19 @@ def _preload(user_value: str, shim: str) -> str:
 def _annotation_ops(
     metadata: Mapping[str, Any], asks: list[ContainerAsk], policy: Policy, demand: int
 ) -> list[Op]:
-    record: dict[str, Any] = {
+    containers: dict[str, dict[str, Any]] = {}
+    for ask in asks:
+        entry: dict[str, Any] = {"memory": f"{ask.memory * policy.mib_per_unit}m"}
+        if ask.gpus > 1:
+            entry["gpus"] = ask.gpus
+        if ask.compute is not None:
+            entry["compute"] = ask.compute
+        containers[ask.name] = entry
+    record = {
         "scheduler": policy.scheduler_name,
         "shim": policy.shim.preload,
         "demand": f"{demand}{policy.memory_unit}",
-        "containers": {
-            ask.name: {
-                "memory": f"{ask.memory * policy.mib_per_unit}m",
-                **({"gpus": ask.gpus} if ask.gpus > 1 else {}),
-                **({"compute": ask.compute} if ask.compute is not None else {}),
-            }
-            for ask in asks
-        },
+        "containers": containers,
     }
     value = patching.sorted_ascii_json(record)
     annotations = metadata.get("annotations")

@@ -67,10 +67,13 @@ class NoNodes:
     """Node watching is off: every pod is checked against the policy."""
 
     def view(self, policy: Policy) -> NodeView:
-        return NodeView()
+        return _NO_NODES
 
     def status(self) -> NodeStatus:
         return NodeStatus()
+
+
+_NO_NODES = NodeView()
 
 
 def read_policy_text(path: Path) -> str:
