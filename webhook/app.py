@@ -170,7 +170,8 @@ def _error(status: int, message: str) -> Answer:
 
 def _log_admission(result: Result, seconds: float) -> None:
     """One line per review: who, what was decided and why, how long. Never the pod itself."""
-    level = logging.WARNING if result.outcome in ("error", "bad-request") else logging.INFO
+    outcome = result.outcome
+    level = logging.WARNING if outcome in ("error", "bad-request") else logging.INFO
     if not audit.isEnabledFor(level):
         return
     decision = result.decision
@@ -178,7 +179,7 @@ def _log_admission(result: Result, seconds: float) -> None:
         "uid": result.uid,
         "namespace": result.namespace,
         "pod": result.name,
-        "decision": result.outcome,
+        "decision": outcome,
         "reason": decision.reason if decision else ("bad-request" if result.status != 200 else ""),
         "duration_ms": round(seconds * 1000, 3),
     }

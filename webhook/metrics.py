@@ -59,9 +59,12 @@ def reserved(result: Result) -> int:
     """GPU memory the pod reserves, in the policy's unit, over all of its GPUs."""
     if result.decision is None:
         return 0
-    asks = result.decision.asks
-    app = sum(a.memory * a.gpus for a in asks if a.kind == "containers")
-    init = max((a.memory * a.gpus for a in asks if a.kind == "initContainers"), default=0)
+    app = init = 0
+    for ask in result.decision.asks:
+        if ask.kind == "containers":
+            app += ask.memory * ask.gpus
+        else:
+            init = max(init, ask.memory * ask.gpus)
     return max(app, init)
 
 

@@ -474,7 +474,15 @@ def _default_compute(memory: int, policy: Policy, limits: GpuLimits) -> int | No
 
 def _check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits) -> int:
     unit = policy.memory_unit
+    # Init containers run one at a time before the app containers, which run
+    # together: the GPU must hold the larger of the two phases.
+    app_total = init_largest = compute_total = 0
     for ask in asks:
+        if ask.kind == "containers":
+            app_total += ask.memory
+            compute_total += ask.compute or 0
+        elif ask.memory > init_largest:
+            init_largest = ask.memory
         if ask.memory > limits.largest_gpu:
             raise PodError(
                 f"{ask.label} asks {ask.memory} {unit} of {policy.resource_name} per GPU, but "
@@ -488,23 +496,19 @@ def _check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits) -> i
                 f"{limits.max_gpus} ({limits.gpus_source}); ask at most {limits.max_gpus}",
                 reason="too-many-gpus",
             )
-    # Init containers run one at a time before the app containers, which run
-    # together: the GPU must hold the larger of the two phases.
-    app = [ask for ask in asks if ask.kind == "containers"]
-    init = [ask for ask in asks if ask.kind == "initContainers"]
-    app_total = sum(ask.memory for ask in app)
-    demand = max(app_total, max((ask.memory for ask in init), default=0))
+    demand = max(app_total, init_largest)
     if demand > limits.largest_gpu:
-        parts = ", ".join(f"{ask.name}={ask.memory}" for ask in app)
+        parts = ", ".join(f"{a.name}={a.memory}" for a in asks if a.kind == "containers")
         raise PodError(
             f"the pod's containers together ask {demand} {unit} of {policy.resource_name} "
             f"({parts}), and they share one GPU, but {limits.describe(unit)}; lower the requests "
             "or split the pod so its containers fit one GPU",
             reason="exceeds-gpu",
         )
-    compute_total = sum(ask.compute or 0 for ask in app)
     if compute_total > 100:
-        parts = ", ".join(f"{ask.name}={ask.compute}" for ask in app if ask.compute)
+        parts = ", ".join(
+            f"{a.name}={a.compute}" for a in asks if a.kind == "containers" and a.compute
+        )
         raise PodError(
             f"the pod's containers together ask {compute_total}% of one GPU's compute "
             f"({policy.compute.resource_name}: {parts}), more than the 100% a GPU has; lower "
