@@ -88,6 +88,7 @@ def create_app(state: State | None = None, *, max_body: int = MAX_BODY) -> Flask
 
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Any]
+_STATUS_LINES = {int(s): f"{int(s)} {s.phrase}" for s in HTTPStatus}
 Answer = tuple[int, bytes, list[tuple[str, str]]]  # status, body, extra headers
 
 
@@ -108,7 +109,7 @@ class Mutate:
             return self.flask_app(environ, start_response)
         status, body, extra = self.respond(environ)
         start_response(
-            f"{status} {HTTPStatus(status).phrase}",
+            _STATUS_LINES[status],
             [("Content-Type", "application/json"), ("Content-Length", str(len(body))), *extra],
         )
         return [body]
