@@ -7,14 +7,17 @@ LD_PRELOAD and the limit variable), volumes and mounts, annotations or none.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import kubernetes_validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import GPU, apply
-from webhook.planning import plan
+from tests.helpers import GPU, apply, decode_patch
+from webhook.admission import admit
+from webhook.planning import STATUS_ANNOTATION, plan
 from webhook.policy import DEFAULT_POLICY
 
 K8S_VERSION = "1.37.0"
@@ -91,3 +94,66 @@ def test_patch_applies_validates_and_is_a_fixed_point(obj: dict[str, Any]) -> No
         names = [e["name"] for e in container["env"]]
         assert names.count("LD_PRELOAD") == 1
         assert names.count("CUDA_DEVICE_MEMORY_LIMIT") == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=st.text(min_size=1, max_size=12), value=st.text(max_size=24))
+def test_the_patch_text_carries_any_name_and_value(name: str, value: str) -> None:
+    # The patch is written as JSON text piece by piece (webhook.patching):
+    # quotes, backslashes, control and non-ASCII characters in what the user
+    # wrote must come back out of it exactly.
+    env = [{"name": "LD_PRELOAD", "value": value}, {"name": "X", "value": value}]
+    obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "annotations": {"a": value}},
+        "spec": {
+            "containers": [
+                {"name": name, "image": "busybox", "env": env, "resources": {"limits": {GPU: "1"}}}
+            ]
+        },
+    }
+    decision = plan(obj, DEFAULT_POLICY)
+    assert decision.allowed, decision.message
+    out = apply(obj, list(decision.patch))
+    got = {e["name"]: e["value"] for e in out["spec"]["containers"][0]["env"]}
+    assert got["X"] == value
+    shim = DEFAULT_POLICY.shim.preload
+    others = [p for p in re.split(r"[:\s]+", value) if p and p != shim]
+    assert got["LD_PRELOAD"] == ":".join([shim, *others])
+    status = json.loads(out["metadata"]["annotations"][STATUS_ANNOTATION])
+    assert list(status["containers"]) == [name]
+    assert plan(out, DEFAULT_POLICY).patch == ()
+
+
+def test_a_lone_surrogate_goes_back_escaped() -> None:
+    # "\ud800" in a review decodes to a string with no UTF-8 form; the answer
+    # must still be written (never an internal error) and carry it back.
+    body = json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "operation": "CREATE",
+                "object": {
+                    "metadata": {"name": "p"},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "main",
+                                "env": [{"name": "LD_PRELOAD", "value": "/a\ud800.so"}],
+                                "resources": {"limits": {GPU: "1"}},
+                            }
+                        ]
+                    },
+                },
+            },
+        }
+    ).encode()
+    result = admit(body, DEFAULT_POLICY)
+    assert result.outcome == "mutated", result.body
+    ops = decode_patch(json.loads(result.encode())["response"])
+    (preload,) = [op for op in ops if op["path"] == "/spec/containers/0/env/0"]
+    assert preload["value"]["value"] == f"{DEFAULT_POLICY.shim.preload}:/a\ud800.so"

@@ -162,4 +162,4 @@ def _respond(uid: str, decision: Decision) -> Any:
         )
     if decision.outcome == "untouched":
         return responses.allowed(uid)
-    return responses.patched(uid, decision.patch, warnings=decision.warnings, audit=audit)
+    return responses.patched(uid, decision.patch_json, warnings=decision.warnings, audit=audit)

@@ -59,7 +59,7 @@ class Decision:
     reason: str
     message: str = ""
     code: int = 200
-    patch: tuple[Op, ...] = ()
+    patch_json: str = ""  # the JSON Patch as JSON text, "" for none (see webhook.patching)
     warnings: tuple[str, ...] = ()
     demand: int = 0  # GPU memory the pod holds on its GPU, in the policy's unit
     asks: tuple[ContainerAsk, ...] = ()
@@ -67,6 +67,11 @@ class Decision:
     @property
     def allowed(self) -> bool:
         return self.outcome != "rejected"
+
+    @property
+    def patch(self) -> tuple[Op, ...]:
+        """The ops of the patch (read back from its text: for tests and the CLI)."""
+        return patching.decode(self.patch_json)
 
 
 _KIND_WORDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
@@ -144,20 +149,20 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
     demand = _check_fit(asks, policy, limits)
     layout = _layout(policy.shim, policy.env, policy.mib_per_unit)
     warnings: list[str] = []
-    ops: list[Op] = []
-    ops += _scheduler_ops(spec, policy)
-    ops += _volume_ops(spec, policy)
+    patch = patching.Writer()
+    _scheduler_ops(spec, policy, patch)
+    _volume_ops(spec, policy, layout, patch)
     for ask in asks:
         container = spec[ask.kind][ask.position]
         base = f"/spec/{ask.kind}/{ask.position}"  # no token here needs JSON-Pointer escaping
-        ops += _env_ops(container, base, ask, layout=layout, warnings=warnings)
-        ops += _mount_ops(container, base, ask, policy, layout)
-    ops += _annotation_ops(metadata, asks, policy, demand)
-    outcome: Outcome = "mutated" if ops else "unchanged"
+        _env_ops(container, base, ask, layout=layout, patch=patch, warnings=warnings)
+        _mount_ops(container, base, ask, policy, layout=layout, patch=patch)
+    _annotation_ops(metadata, asks, policy, demand, patch)
+    outcome: Outcome = "mutated" if patch else "unchanged"
     return Decision(
         outcome=outcome,
         reason=outcome,
-        patch=tuple(ops),
+        patch_json=patch.text(),
         warnings=tuple(warnings),
         demand=demand,
         asks=tuple(asks),
@@ -521,25 +526,22 @@ def _check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits) -> i
 # --- building the patch ----------------------------------------------------
 
 
-def _scheduler_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
-    if spec.get("schedulerName") == policy.scheduler_name:
-        return []
-    return [patching.set_field(spec, "schedulerName", "/spec", policy.scheduler_name)]
+def _scheduler_ops(spec: Mapping[str, Any], policy: Policy, patch: patching.Writer) -> None:
+    if spec.get("schedulerName") != policy.scheduler_name:
+        patch.set_field(spec, "schedulerName", "/spec", patching.string(policy.scheduler_name))
 
 
-def _shim_volume(policy: Policy) -> dict[str, Any]:
-    return {"name": VOLUME_NAME, "hostPath": {"path": policy.shim.host_path, "type": "Directory"}}
-
-
-def _volume_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
-    wanted = _shim_volume(policy)
+def _volume_ops(
+    spec: Mapping[str, Any], policy: Policy, layout: _Layout, patch: patching.Writer
+) -> None:
+    wanted = layout.volume
     volumes = _list(spec, "volumes", "spec")
     for index, volume in enumerate(volumes):
         if not isinstance(volume, dict):
             raise ShapeError(f"spec.volumes[{index}]", "a volume object", volume)
         if volume.get("name") == VOLUME_NAME:
             if volume == wanted:
-                return []
+                return
             raise PodError(
                 f"spec.volumes[{index}] is named {VOLUME_NAME!r}, a name the webhook reserves for "
                 "the GPU shim; rename the volume",
@@ -553,9 +555,10 @@ def _volume_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
                 "itself: remove the volume",
                 reason="shim-host-path",
             )
-    if "volumes" not in spec or spec.get("volumes") is None:
-        return [patching.set_field(spec, "volumes", "/spec", [wanted])]
-    return [patching.add("/spec/volumes/-", wanted)]
+    if spec.get("volumes") is None:
+        patch.set_field(spec, "volumes", "/spec", patching.array([layout.volume_json]))
+    else:
+        patch.add("/spec/volumes/-", layout.volume_json)
 
 
 @dataclass(frozen=True)
@@ -563,18 +566,17 @@ class _Layout:
     """What the webhook puts in every GPU container, worked out once per policy."""
 
     preload: str  # the shim's path in the container, first in LD_PRELOAD
+    volume: Mapping[str, Any]  # the hostPath volume of the shim
+    volume_json: str
     mount_dir: str  # the shim's mount path with one trailing slash, to compare paths
-    mounts: tuple[tuple[str, Mapping[str, Any]], ...]  # (path with trailing slash, mount)
+    # (path with trailing slash, mount, its JSON text)
+    mounts: tuple[tuple[str, Mapping[str, Any], str], ...]
     mount_paths: frozenset[str]
     memory_limit: str
     sm_limit: str
     limit_names: tuple[str, str]
     shadow: re.Pattern[str]  # per-device variants of the limits (CUDA_DEVICE_MEMORY_LIMIT_3)
     mib_per_unit: int
-
-    def new_mounts(self) -> list[dict[str, Any]]:
-        """The webhook's mounts, as new objects: the patch is the caller's to change."""
-        return [dict(mount) for _, mount in self.mounts]
 
 
 @functools.lru_cache(maxsize=16)
@@ -597,10 +599,13 @@ def _layout(shim: Shim, env: EnvNames, mib_per_unit: int) -> _Layout:
             )
         )
     names = f"{re.escape(env.memory_limit)}|{re.escape(env.sm_limit)}"
+    volume = {"name": VOLUME_NAME, "hostPath": {"path": shim.host_path, "type": "Directory"}}
     return _Layout(
         preload=shim.preload,
+        volume=volume,
+        volume_json=patching.compact_json(volume),
         mount_dir=mount_dir,
-        mounts=tuple(mounts),
+        mounts=tuple((path, mount, patching.compact_json(mount)) for path, mount in mounts),
         mount_paths=frozenset(path for path, _ in mounts),
         memory_limit=env.memory_limit,
         sm_limit=env.sm_limit,
@@ -611,13 +616,21 @@ def _layout(shim: Shim, env: EnvNames, mib_per_unit: int) -> _Layout:
 
 
 def _mount_ops(
-    container: Mapping[str, Any], base: str, ask: ContainerAsk, policy: Policy, layout: _Layout
-) -> list[Op]:
+    container: Mapping[str, Any],
+    base: str,
+    ask: ContainerAsk,
+    policy: Policy,
+    *,
+    layout: _Layout,
+    patch: patching.Writer,
+) -> None:
     wanted = layout.mount_paths
     shim_dir = layout.mount_dir
     mounts = container.get("volumeMounts")
     if mounts is None:
-        return [patching.set_field(container, "volumeMounts", base, layout.new_mounts())]
+        texts = [text for _, _, text in layout.mounts]
+        patch.set_field(container, "volumeMounts", base, patching.array(texts))
+        return
     if not isinstance(mounts, list):
         raise ShapeError(f"{base}.volumeMounts", "a list", mounts)
     ours: dict[str, int] = {}
@@ -650,17 +663,15 @@ def _mount_ops(
                 "remove that mount",
                 reason="shim-mount",
             )
-    ops: list[Op] = []
     missing = []
-    for path, mount in layout.mounts:
+    for path, mount, text in layout.mounts:
         if path in ours:
             if mounts[ours[path]] != mount:
-                ops.append(patching.replace(f"{base}/volumeMounts/{ours[path]}", dict(mount)))
+                patch.replace(f"{base}/volumeMounts/{ours[path]}", text)
         else:
-            missing.append(mount)
-    for mount in missing:
-        ops.append(patching.add(f"{base}/volumeMounts/-", dict(mount)))
-    return ops
+            missing.append(text)
+    for text in missing:
+        patch.add(f"{base}/volumeMounts/-", text)
 
 
 def _limit_env(ask: ContainerAsk, layout: _Layout) -> dict[str, str]:
@@ -681,8 +692,9 @@ def _env_ops(
     ask: ContainerAsk,
     *,
     layout: _Layout,
+    patch: patching.Writer,
     warnings: list[str],
-) -> list[Op]:
+) -> None:
     """Ops that leave the container's env as the shim needs it, and nothing else changed.
 
     The limit variables and LD_PRELOAD are set where the container has them
@@ -695,13 +707,14 @@ def _env_ops(
     wanted = _limit_env(ask, layout)
     env = container.get("env")
     if env is None:
-        entries = [{"name": name, "value": value} for name, value in wanted.items()]
-        entries.append({"name": PRELOAD, "value": layout.preload})
-        return [patching.set_field(container, "env", base, entries)]
+        entries = [patching.env_entry(name, value) for name, value in wanted.items()]
+        entries.append(patching.env_entry(PRELOAD, layout.preload))
+        patch.set_field(container, "env", base, patching.array(entries))
+        return
     if not isinstance(env, list):
         raise ShapeError(f"{base}.env", "a list", env)
     prefixes = layout.limit_names
-    replaced: list[tuple[int, dict[str, str]]] = []
+    replaced: list[tuple[int, str, str]] = []  # (index, name, value)
     removed: list[int] = []
     seen: set[str] = set()
     preload_at = -1
@@ -739,32 +752,30 @@ def _env_ops(
                     f"the webhook set it to {value!r}, what the container asked for"
                 )
             if len(entry) != 2 or entry.get("value") != value:
-                replaced.append((index, {"name": name, "value": value}))
+                replaced.append((index, name, value))
         elif name.startswith(prefixes) and layout.shadow.fullmatch(name):
             warnings.append(
                 f"{ask.label}: removed {name}, which would override the limit the webhook sets"
             )
             removed.append(index)
-    ops: list[Op] = []
-    preload = {"name": PRELOAD, "value": _preload(user_preload, layout.preload)}
-    if preload_at >= 0 and env[preload_at] != preload:
-        replaced.append((preload_at, preload))
+    preload = _preload(user_preload, layout.preload)
+    if preload_at >= 0 and env[preload_at] != {"name": PRELOAD, "value": preload}:
+        replaced.append((preload_at, PRELOAD, preload))
         if len(replaced) > 1:
             replaced.sort(key=_first)
-    for index, entry in replaced:
-        ops.append(patching.replace(f"{base}/env/{index}", entry))
+    for index, name, value in replaced:
+        patch.replace(f"{base}/env/{index}", patching.env_entry(name, value))
     for index in reversed(removed):
-        ops.append(patching.remove(f"{base}/env/{index}"))
+        patch.remove(f"{base}/env/{index}")
     for name, value in wanted.items():
         if name not in seen:
-            ops.append(patching.add(f"{base}/env/-", {"name": name, "value": value}))
+            patch.add(f"{base}/env/-", patching.env_entry(name, value))
     if preload_at < 0:
-        ops.append(patching.add(f"{base}/env/-", preload))
-    return ops
+        patch.add(f"{base}/env/-", patching.env_entry(PRELOAD, preload))
 
 
-def _first(pair: tuple[int, Any]) -> int:
-    return pair[0]
+def _first(item: tuple[int, str, str]) -> int:
+    return item[0]
 
 
 @functools.lru_cache(maxsize=256)
@@ -776,8 +787,12 @@ def _preload(user_value: str, shim: str) -> str:
 
 
 def _annotation_ops(
-    metadata: Mapping[str, Any], asks: list[ContainerAsk], policy: Policy, demand: int
-) -> list[Op]:
+    metadata: Mapping[str, Any],
+    asks: list[ContainerAsk],
+    policy: Policy,
+    demand: int,
+    patch: patching.Writer,
+) -> None:
     containers: dict[str, dict[str, Any]] = {}
     for ask in asks:
         entry: dict[str, Any] = {"memory": f"{ask.memory * policy.mib_per_unit}m"}
@@ -795,11 +810,14 @@ def _annotation_ops(
     value = patching.sorted_ascii_json(record)
     annotations = metadata.get("annotations")
     if annotations is None:
+        ours = {STATUS_ANNOTATION: value}
         if not metadata:
-            return [patching.add("/metadata", {"annotations": {STATUS_ANNOTATION: value}})]
-        return [patching.add("/metadata/annotations", {STATUS_ANNOTATION: value})]
+            patch.add("/metadata", patching.compact_json({"annotations": ours}))
+        else:
+            patch.add("/metadata/annotations", patching.compact_json(ours))
+        return
     if not isinstance(annotations, dict):
         raise ShapeError("metadata.annotations", "an object", annotations)
-    if annotations.get(STATUS_ANNOTATION) == value:
-        return []
-    return [patching.set_field(annotations, STATUS_ANNOTATION, "/metadata/annotations", value)]
+    if annotations.get(STATUS_ANNOTATION) != value:
+        path = "/metadata/annotations"
+        patch.set_field(annotations, STATUS_ANNOTATION, path, patching.string(value))

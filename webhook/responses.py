@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from webhook import patching
-from webhook.patching import Op
 from webhook.reviews import Response, Review
 
 # The apiserver truncates long warnings and stops at a total of 4 KiB;
@@ -36,15 +35,16 @@ def allowed(
 
 def patched(
     uid: str,
-    ops: Sequence[Op],
+    patch_json: str,
     *,
     warnings: Sequence[str] = (),
     audit: Mapping[str, str] | None = None,
 ) -> Response:
+    """Allowed, with a JSON Patch (its JSON text; "" for none)."""
     response = allowed(uid, warnings=warnings, audit=audit)
-    if ops:
+    if patch_json:
         response["patchType"] = "JSONPatch"
-        response["patch"] = patching.encode(ops)
+        response["patch"] = patching.encode(patch_json)
     return response
 
 
