@@ -80,7 +80,6 @@ class Tally:
     fallback: int = 0
     pods: dict[str, int] = field(default_factory=dict)  # by namespace
     memory: dict[str, int] = field(default_factory=dict)  # bytes, by namespace
-    empty: bool = True
 
 
 class Metrics:
@@ -157,7 +156,6 @@ class Metrics:
             self._start_flushing()
         with self._lock:
             tally = self._tally
-            tally.empty = False
             key = (outcome, reason)
             tally.reviews[key] = tally.reviews.get(key, 0) + 1
             tally.buckets[bisect_left(BUCKETS, seconds)] += 1
@@ -172,7 +170,7 @@ class Metrics:
     def flush(self) -> None:
         """Add what this process tallied to the metric files (or memory)."""
         with self._lock:
-            if self._tally.empty:
+            if not self._tally.reviews:  # every review is counted there
                 return
             tally, self._tally = self._tally, Tally()
         for (outcome, reason), count in tally.reviews.items():

@@ -348,14 +348,10 @@ def _resources(
         return _EMPTY, _EMPTY
     path = f"spec.{kind}[{index}]"
     if not isinstance(resources, dict):
-        resources = _mapping(container, "resources", path=path)  # raises, naming the field
-    limits = resources.get("limits")
-    requests = resources.get("requests")
-    if not (isinstance(limits, dict) or limits is None):
-        _mapping(resources, "limits", path=f"{path}.resources")
-    if not (isinstance(requests, dict) or requests is None):
-        _mapping(resources, "requests", path=f"{path}.resources")
-    return limits or _EMPTY, requests or _EMPTY
+        raise ShapeError(f"{path}.resources", "an object", resources)
+    limits = _mapping(resources, "limits", path=f"{path}.resources", optional=True)
+    requests = _mapping(resources, "requests", path=f"{path}.resources", optional=True)
+    return limits, requests
 
 
 def _resource(
@@ -445,8 +441,6 @@ def _collect_asks(spec: Mapping[str, Any], policy: Policy, limits: GpuLimits) ->
                 unit_word="percent",
                 maximum=100,
             )
-        elif policy.compute.default == "none":
-            compute = None
         else:
             compute = _default_compute(memory, policy, limits)
         asks.append(ContainerAsk(kind, index, str(container.get("name")), memory, gpus, compute))
@@ -574,7 +568,6 @@ class _Layout:
     mount_paths: frozenset[str]
     memory_limit: str
     sm_limit: str
-    limit_names: tuple[str, str]
     shadow: re.Pattern[str]  # per-device variants of the limits (CUDA_DEVICE_MEMORY_LIMIT_3)
     mib_per_unit: int
 
@@ -609,7 +602,6 @@ def _layout(shim: Shim, env: EnvNames, mib_per_unit: int) -> _Layout:
         mount_paths=frozenset(path for path, _ in mounts),
         memory_limit=env.memory_limit,
         sm_limit=env.sm_limit,
-        limit_names=(env.memory_limit, env.sm_limit),
         shadow=re.compile(rf"({names})_\d+"),
         mib_per_unit=mib_per_unit,
     )
@@ -626,13 +618,11 @@ def _mount_ops(
 ) -> None:
     wanted = layout.mount_paths
     shim_dir = layout.mount_dir
-    mounts = container.get("volumeMounts")
-    if mounts is None:
+    if container.get("volumeMounts") is None:
         texts = [text for _, _, text in layout.mounts]
         patch.set_field(container, "volumeMounts", base, patching.array(texts))
         return
-    if not isinstance(mounts, list):
-        raise ShapeError(f"{base}.volumeMounts", "a list", mounts)
+    mounts = _list(container, "volumeMounts", base)
     ours: dict[str, int] = {}
     for index, mount in enumerate(mounts):
         if not isinstance(mount, dict):
@@ -705,15 +695,13 @@ def _env_ops(
     target; appends last.
     """
     wanted = _limit_env(ask, layout)
-    env = container.get("env")
-    if env is None:
+    if container.get("env") is None:
         entries = [patching.env_entry(name, value) for name, value in wanted.items()]
         entries.append(patching.env_entry(PRELOAD, layout.preload))
         patch.set_field(container, "env", base, patching.array(entries))
         return
-    if not isinstance(env, list):
-        raise ShapeError(f"{base}.env", "a list", env)
-    prefixes = layout.limit_names
+    env = _list(container, "env", base)
+    prefixes = (layout.memory_limit, layout.sm_limit)
     replaced: list[tuple[int, str, str]] = []  # (index, name, value)
     removed: list[int] = []
     seen: set[str] = set()
