@@ -70,31 +70,40 @@ def test_a_new_node_raises_the_bound_without_a_restart(cluster: tuple[FakeApi, S
 
 def test_metrics_add_up_both_workers(cluster: tuple[FakeApi, Server]) -> None:
     _, server = cluster
-    time.sleep(FLUSH_INTERVAL + 0.5)  # earlier tests' reviews are in the counts by now
-    before = server.metrics()
-    key = 'gpushare_admission_reviews_total{outcome="rejected",reason="exceeds-gpu"}'
+    rejected = 'gpushare_admission_reviews_total{outcome="rejected",reason="exceeds-gpu"}'
+    bad = 'gpushare_admission_reviews_total{outcome="bad-request",reason="bad-request"}'
     pods = 'gpushare_admitted_gpu_pods_total{namespace="quota-test"}'
+    memory = 'gpushare_admitted_gpu_memory_bytes_total{namespace="quota-test"}'
+    answered = "gpushare_admission_duration_seconds_count"
+    # Start from counts that hold still for longer than a flush: earlier
+    # tests' reviews are all in them by then.
+    watched = (rejected, bad, pods, memory, answered)
+    settled: list[dict[str, float]] = [server.metrics()]
+
+    def still() -> bool:
+        time.sleep(FLUSH_INTERVAL + 0.2)
+        settled.append(server.metrics())
+        return all(settled[-1].get(n, 0) == settled[-2].get(n, 0) for n in watched)
+
+    eventually(still, 15)
+    before = settled[-1]
     for _ in range(10):  # fresh connections: the kernel spreads them over the workers
         server.ask(pod(container(gpu="99")))
         server.ask(pod(container(gpu="3"), container("b", gpu="2")), namespace="quota-test")
     server.ask(pod(container(gpu="3")), namespace="quota-test")
     server.request("POST", "/mutate", b"{", JSON)
+    expected = {rejected: 10, bad: 1, pods: 11, memory: (10 * 5 + 3) * 2**30, answered: 22}
+
     # A worker adds its tally to the shared counts within a second, with or
-    # without more traffic; until then a scrape may show a partial sum.
-    scrapes: list[dict[str, float]] = []
+    # without more traffic; until every worker has, a scrape shows a partial
+    # sum, so wait for all of the counts, not for one of them.
+    def added(scrape: dict[str, float]) -> dict[str, float]:
+        return {name: scrape.get(name, 0) - before.get(name, 0) for name in expected}
 
-    def all_counted() -> bool:
-        scrapes.append(server.metrics())
-        return scrapes[-1].get(pods, 0) - before.get(pods, 0) == 11
-
-    eventually(all_counted, 5)
-    after = scrapes[-1]
-    assert after[key] - before.get(key, 0) == 10
-    memory = 'gpushare_admitted_gpu_memory_bytes_total{namespace="quota-test"}'
-    assert after[memory] - before.get(memory, 0) == (10 * 5 + 3) * 2**30
-    bad = 'gpushare_admission_reviews_total{outcome="bad-request",reason="bad-request"}'
-    assert after[bad] - before.get(bad, 0) == 1
-    assert after["gpushare_admission_duration_seconds_count"] >= 22
+    deadline = time.monotonic() + 5
+    while added(after := server.metrics()) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert added(after) == expected
     assert after["gpushare_gpu_nodes"] == 3
     assert after["gpushare_largest_gpu_memory_bytes"] == 40 * 2**30
     assert after["gpushare_gpu_sizes_from_policy"] == 0
