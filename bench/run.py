@@ -6,8 +6,9 @@ Starts ``gpushare-webhook serve`` as deployed (gunicorn, TLS, the project's
 own certificates) and the floor (``bench/floor.py``: json.loads and a fixed
 answer, same gunicorn and TLS settings), alternates trials of each at
 concurrency 1, 8 and 32 with fresh keep-alive connections per trial, and
-reports medians and ratios. Also measures the pure decision against a
-json round trip, worker RSS, and start-up time. Writes bench/results.json.
+reports medians and the median ratio of back-to-back trials. Also measures
+the pure decision against a json round trip, worker RSS, and start-up time.
+Writes bench/results.json.
 The load comes from wrk (a compiled generator, ``bench/wrk.lua`` for the
 POST bodies) when it is on the PATH (Debian: ``apt-get install wrk``), else
 from Python threads in this process; either way the client's CPU share is
@@ -169,6 +170,21 @@ def median_of(trials: list[dict[str, Any]]) -> dict[str, Any]:
     return {key: statistics.median(t[key] for t in trials) for key in trials[0]}
 
 
+def paired(webhook: list[dict[str, Any]], floor: list[dict[str, Any]]) -> dict[str, float]:
+    """Median of the webhook/floor ratios of trials run back to back.
+
+    The machine's speed drifts over minutes; two trials a few seconds apart
+    see nearly the same machine, so their ratio moves less than the ratio
+    of two medians taken over the whole level.
+    """
+    return {
+        f"{key}_ratio": statistics.median(
+            w[key] / f[key] for w, f in zip(webhook, floor, strict=True)
+        )
+        for key in ("rps", "p50_ms", "p99_ms")
+    }
+
+
 def decision_us(bodies: list[bytes], rounds: int) -> dict[str, float]:
     body = next(
         b for b in bodies if json.loads(b)["request"]["object"]["spec"]["containers"].__len__() == 8
@@ -289,7 +305,8 @@ def main() -> int:
                     runs["webhook"].append(run_trial(wport, level, requests))
                     runs["floor"].append(run_trial(fport, level, requests))
                 results["concurrency"][str(level)] = {
-                    name: median_of(r) for name, r in runs.items()
+                    **{name: median_of(r) for name, r in runs.items()},
+                    "paired": paired(runs["webhook"], runs["floor"]),
                 }
             rss_trials = workers_rss_mib(webhook)
             soaked = run_trial(wport, 8, soak)
@@ -317,15 +334,16 @@ def main() -> int:
         for name in ("webhook", "floor")
     )
     print(
-        f"{'c':>3} {'webhook rps':>12} {'floor rps':>10} {'ratio':>6} "
-        f"{'p50 ms w/f':>14} {'p99 ms w/f':>14} {'errors':>7}"
+        f"{'c':>3} {'webhook rps':>12} {'floor rps':>10} {'ratio':>6} {'paired':>6} "
+        f"{'p50 ms w/f':>14} {'p99 ms w/f':>14} {'p99 paired':>10} {'errors':>7}"
     )
     for level, row in results["concurrency"].items():
-        w, f = row["webhook"], row["floor"]
+        w, f, pair = row["webhook"], row["floor"], row["paired"]
         print(
             f"{level:>3} {w['rps']:>12.0f} {f['rps']:>10.0f} {w['rps'] / f['rps']:>6.2f} "
+            f"{pair['rps_ratio']:>6.2f} "
             f"{w['p50_ms']:>6.2f}/{f['p50_ms']:<7.2f} {w['p99_ms']:>6.2f}/{f['p99_ms']:<7.2f} "
-            f"{w['errors'] + f['errors']:>7}"
+            f"{pair['p99_ms_ratio']:>10.2f} {w['errors'] + f['errors']:>7}"
         )
     d = results["decision_us"]
     print(
