@@ -132,7 +132,7 @@ def test_quantities_at_every_boundary(asks: list[tuple[str, Any]]) -> None:
     check_answer(request, json.dumps(request).encode())
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=300) | JSON.map(lambda v: json.dumps(v).encode()))
 def test_arbitrary_bodies_are_400_or_answered(body: bytes) -> None:
     result = admit(body, DEFAULT_POLICY)

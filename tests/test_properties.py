@@ -96,7 +96,7 @@ def test_patch_applies_validates_and_is_a_fixed_point(obj: dict[str, Any]) -> No
         assert names.count("CUDA_DEVICE_MEMORY_LIMIT") == 1
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.text(min_size=1, max_size=12), value=st.text(max_size=24))
 def test_the_patch_text_carries_any_name_and_value(name: str, value: str) -> None:
     # The patch is written as JSON text piece by piece (webhook.patching):
