@@ -20,7 +20,7 @@ from webhook.capacity import GpuLimits, limits_from_policy
 from webhook.errors import PodError, QuantityError, ShapeError
 from webhook.patching import Op
 from webhook.policy import LD_SO_PRELOAD, EnvNames, Policy, Shim, overlaps
-from webhook.quantities import parse_quantity, plain_count, whole_count
+from webhook.quantities import MemoryUnit, parse_quantity, plain_count, whole_count
 
 VOLUME_NAME = "gpushare-shim"
 STATUS_ANNOTATION = "gpushare-webhook.io/status"
@@ -277,19 +277,9 @@ def _check_confinement(spec: Mapping[str, Any], policy: Policy) -> None:
             "can reach other pods' GPU processes and memory; remove hostPID",
             reason="host-pid",
         )
-    privilege = policy.security.reject_privileged
-    devices = policy.security.reject_visible_devices
-    for kind in CONTAINER_KINDS:
-        containers = spec.get(kind)
-        if not isinstance(containers, list):
-            continue
-        for container in containers:
-            if not isinstance(container, dict):
-                continue  # reported when the asks are read
-            if privilege and "securityContext" in container:
-                _check_privilege(container, kind, policy)
-            if devices and "env" in container:
-                _check_visible_devices(container, kind, policy)
+    for kind, container in _each_container(spec, CONTAINER_KINDS):
+        _check_privilege(container, kind, policy)
+        _check_visible_devices(container, kind, policy)
 
 
 def _check_privilege(container: Mapping[str, Any], kind: str, policy: Policy) -> None:
@@ -343,12 +333,10 @@ def _resources(
     container: Mapping[str, Any], kind: str, index: int
 ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """(limits, requests) of a container, each {} when absent."""
-    resources = container.get("resources")
-    if resources is None:
+    if container.get("resources") is None:  # no path to build (it is only for messages)
         return _EMPTY, _EMPTY
     path = f"spec.{kind}[{index}]"
-    if not isinstance(resources, dict):
-        raise ShapeError(f"{path}.resources", "an object", resources)
+    resources = _mapping(container, "resources", path=path)
     limits = _mapping(resources, "limits", path=f"{path}.resources", optional=True)
     requests = _mapping(resources, "requests", path=f"{path}.resources", optional=True)
     return limits, requests
@@ -401,16 +389,9 @@ def _collect_asks(spec: Mapping[str, Any], policy: Policy, limits: GpuLimits) ->
     count_name = policy.multi_gpu.resource_name
     for kind, index, container in _containers(spec):
         limits_, requests = _resources(container, kind, index)
-        if requests and (
-            memory_name in requests or compute_name in requests or count_name in requests
-        ):
-            memory_raw = _resource(limits_, requests, kind, container, memory_name)
-            compute_raw = _resource(limits_, requests, kind, container, compute_name)
-            count_raw = _resource(limits_, requests, kind, container, count_name)
-        else:
-            memory_raw = limits_.get(memory_name)
-            compute_raw = limits_.get(compute_name)
-            count_raw = limits_.get(count_name)
+        memory_raw = _resource(limits_, requests, kind, container, memory_name)
+        compute_raw = _resource(limits_, requests, kind, container, compute_name)
+        count_raw = _resource(limits_, requests, kind, container, count_name)
         if memory_raw is None:
             extra = compute_name if compute_raw is not None else None
             extra = extra or (count_name if count_raw is not None else None)
@@ -421,30 +402,45 @@ def _collect_asks(spec: Mapping[str, Any], policy: Policy, limits: GpuLimits) ->
                     reason="share-without-memory",
                 )
             continue
-        memory = plain_count(memory_raw) or whole_count(
-            memory_raw,
-            what=f"{_label(kind, container)} limit {memory_name}",
-            unit_word=unit,
-            byte_unit=unit,
-        )
+        memory = _count(memory_raw, kind, container, memory_name, unit_word=unit, byte_unit=unit)
         gpus = 1
         if count_raw is not None:
-            gpus = plain_count(count_raw) or whole_count(
-                count_raw, what=f"{_label(kind, container)} limit {count_name}", unit_word="GPUs"
-            )
+            gpus = _count(count_raw, kind, container, count_name, unit_word="GPUs")
             memory = _per_device_memory(memory, gpus, _label(kind, container), policy)
         compute: int | None
         if compute_raw is not None:
-            compute = plain_count(compute_raw, 100) or whole_count(
-                compute_raw,
-                what=f"{_label(kind, container)} limit {compute_name}",
-                unit_word="percent",
-                maximum=100,
+            compute = _count(
+                compute_raw, kind, container, compute_name, unit_word="percent", maximum=100
             )
         else:
             compute = _default_compute(memory, policy, limits)
         asks.append(ContainerAsk(kind, index, str(container.get("name")), memory, gpus, compute))
     return asks
+
+
+def _count(
+    raw: object,
+    kind: str,
+    container: Mapping[str, Any],
+    resource: str,
+    *,
+    unit_word: str,
+    maximum: int | None = None,
+    byte_unit: MemoryUnit | None = None,
+) -> int:
+    """A container's limit as a whole count (see whole_count).
+
+    NB: the usual plain "4" is taken as it is, before the container's label
+    for a message is built: on the accepted path the label would cost more
+    than the check.
+    """
+    return plain_count(raw, maximum) or whole_count(
+        raw,
+        what=f"{_label(kind, container)} limit {resource}",
+        unit_word=unit_word,
+        maximum=maximum,
+        byte_unit=byte_unit,
+    )
 
 
 def _per_device_memory(memory: int, gpus: int, label: str, policy: Policy) -> int:
@@ -749,8 +745,7 @@ def _env_ops(
     preload = _preload(user_preload, layout.preload)
     if preload_at >= 0 and env[preload_at] != {"name": PRELOAD, "value": preload}:
         replaced.append((preload_at, PRELOAD, preload))
-        if len(replaced) > 1:
-            replaced.sort(key=_first)
+        replaced.sort()  # by index: no two entries share one
     for index, name, value in replaced:
         patch.replace(f"{base}/env/{index}", patching.env_entry(name, value))
     for index in reversed(removed):
@@ -760,10 +755,6 @@ def _env_ops(
             patch.add(f"{base}/env/-", patching.env_entry(name, value))
     if preload_at < 0:
         patch.add(f"{base}/env/-", patching.env_entry(PRELOAD, preload))
-
-
-def _first(item: tuple[int, str, str]) -> int:
-    return item[0]
 
 
 @functools.lru_cache(maxsize=256)

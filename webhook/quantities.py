@@ -130,10 +130,9 @@ def whole_count(
     ``unit_word`` says what one unit counts ("GiB", "percent", "GPUs").
     ``byte_unit`` is set for memory resources: it lets the message catch the
     common slip of writing a byte quantity ("4Gi") where units are counted.
+    Callers on a hot path try :func:`plain_count` first, before they build
+    ``what``.
     """
-    count = plain_count(raw, maximum)
-    if count is not None:
-        return count  # the usual "4": no suffix, no fraction, nothing to explain
     try:
         quantity = parse_quantity(raw)
     except QuantityError as error:
