@@ -74,6 +74,7 @@ ERRORS = [
     ("shim: {hostPath: relative/dir}", "'shim.hostPath': 'relative/dir' must be an absolute path"),
     ("shim: {mountPath: /a/../b}", "must be an absolute path without '..'"),
     ("shim: {library: lib/x.so}", "'shim.library'"),
+    ('shim: {hostPath: "/opt/\\ud800"}', "'shim.hostPath': '/opt/\\ud800' holds a lone"),
     ("env: {memoryLimit: 'BAD-NAME'}", "'env.memoryLimit': 'BAD-NAME' is not valid"),
     ("env: {memoryLimit: LD_PRELOAD}", "neither of them LD_PRELOAD"),
     ("excludeNamespaces: kube-system", "'excludeNamespaces': expected a list"),

@@ -150,6 +150,14 @@ def _string(pattern: re.Pattern[str] | None, hint: str) -> Check:
             )
         if pattern is not None and not pattern.fullmatch(value):
             raise PolicyError(f"policy key {key!r}: {value!r} is not valid; expected {hint}")
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # a YAML escape such as "\ud800"
+                raise PolicyError(
+                    f"policy key {key!r}: {value!r} holds a lone UTF-16 surrogate, which no "
+                    "file name or Kubernetes object can hold; write the characters themselves"
+                ) from None
         return value
 
     return check
