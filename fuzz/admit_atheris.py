@@ -30,9 +30,10 @@ def check(data: bytes) -> None:
         return
     assert result.status == 200, result.status
     review = json.loads(data)
-    response = result.body["response"]
+    answer = json.loads(result.encode())  # what the server sends
+    response = answer["response"]
     assert response["uid"] == review["request"]["uid"]
-    assert result.body["kind"] == "AdmissionReview"
+    assert answer["kind"] == "AdmissionReview"
     if "patch" in response:
         patch = json.loads(base64.b64decode(response["patch"]))
         jsonpatch.apply_patch(review["request"]["object"], patch)

@@ -39,7 +39,8 @@ JSON = st.recursive(
     | st.booleans()
     | st.integers(-(2**70), 2**70)
     | st.floats(allow_nan=False)
-    | st.text(max_size=20),
+    # Lone surrogates too: JSON may carry "\ud800", which has no UTF-8 form.
+    | st.text(st.characters(exclude_categories=()), max_size=20),
     lambda inner: (
         st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
     ),
@@ -194,6 +195,15 @@ def test_http_endpoint_never_fails(server: Server, body: bytes, content_type: st
         assert isinstance(decoded["response"]["allowed"], bool)
     else:
         assert decoded["error"]
+
+
+def test_http_answer_carries_a_lone_surrogate_back(server: Server) -> None:
+    # The uid is echoed; "\ud800" has no UTF-8 form, so it goes back escaped.
+    body = json.dumps(review(pod(container(gpu="1")), uid="\ud800")).encode()
+    status, answer = server.request("POST", "/mutate", body, {"Content-Type": "application/json"})
+    assert status == 200, answer[:300]
+    assert b'"uid":"\\ud800"' in answer
+    assert json.loads(answer)["response"]["uid"] == "\ud800"
 
 
 def test_server_still_serves_after_the_fuzzing(server: Server) -> None:

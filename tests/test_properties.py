@@ -12,10 +12,11 @@ import re
 from typing import Any
 
 import kubernetes_validate
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import GPU, apply, decode_patch
+from tests.helpers import GPU, apply, container, decode_patch, pod, review
 from webhook.admission import admit
 from webhook.planning import STATUS_ANNOTATION, plan
 from webhook.policy import DEFAULT_POLICY
@@ -157,3 +158,26 @@ def test_a_lone_surrogate_goes_back_escaped() -> None:
     ops = decode_patch(json.loads(result.encode())["response"])
     (preload,) = [op for op in ops if op["path"] == "/spec/containers/0/env/0"]
     assert preload["value"]["value"] == f"{DEFAULT_POLICY.shim.preload}:/a\ud800.so"
+
+
+LONE = "\ud800"  # a lone surrogate: valid in JSON text, with no UTF-8 form
+ANYWHERE = {
+    "uid": review(pod(container(gpu="1")), uid=LONE),
+    "namespace": review(pod(container(gpu="1")), namespace=LONE),
+    "container name": review(pod(container(LONE, gpu="1"))),
+    "rejected container": review(pod(container(LONE, gpu="99"))),
+    "env value": review(pod(container(gpu="1", env=[{"name": "X", "value": LONE}]))),
+    "env name": review(pod(container(gpu="1", env=[{"name": LONE, "value": "1"}]))),
+    "quantity": review(pod(container(gpu=LONE))),
+    "other pod": review(pod(container(env=[{"name": LONE, "value": LONE}]))),
+}
+
+
+@pytest.mark.parametrize("reviewed", ANYWHERE.values(), ids=ANYWHERE.keys())
+def test_a_lone_surrogate_anywhere_is_answered(reviewed: dict[str, Any]) -> None:
+    # Such a string reaches the answer (the uid is echoed, names go into
+    # warnings and messages); the answer must still be written.
+    result = admit(json.dumps(reviewed).encode(), DEFAULT_POLICY)
+    assert result.outcome != "error", result.error
+    answer = json.loads(result.encode())
+    assert answer["response"]["uid"] == reviewed["request"]["uid"]

@@ -48,7 +48,7 @@ class Result:
         return self.decision.outcome if self.decision else "untouched"
 
     def encode(self) -> bytes:
-        """The body as compact UTF-8 JSON."""
+        """The body as compact JSON (ASCII: what has no UTF-8 form goes escaped)."""
         body, response = self.body, self.body.get("response")
         if not (
             isinstance(body, dict)

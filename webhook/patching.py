@@ -20,19 +20,18 @@ import base64
 import json
 from typing import Any, Literal, NotRequired, TypedDict
 
-# NB: what the webhook encodes is trees it built from parsed JSON, which have
-# no cycles to look for; the search costs a fifth of encoding a patch.
-# Built once: json.dumps with options makes a new encoder on every call.
-compact_json = json.JSONEncoder(
-    separators=(",", ":"), ensure_ascii=False, check_circular=False
-).encode
+# NB: everything the webhook writes as JSON is ASCII, with the rest escaped:
+# a review (its uid, a value the patch carries) or a policy may hold a lone
+# surrogate (written "\ud800"), which has no UTF-8 form; escaped, it goes
+# back to the apiserver as it came. (ASCII output is no slower to make.)
+# What is encoded is trees built from parsed JSON, which have no cycles to
+# look for; the search costs a fifth of encoding a patch. Built once:
+# json.dumps with options makes a new encoder on every call.
+compact_json = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 sorted_ascii_json = json.JSONEncoder(
     separators=(",", ":"), check_circular=False, sort_keys=True
 ).encode
-# A JSON string literal, quotes included. NB: ASCII, with everything else
-# escaped: a review may carry a lone surrogate (written "\ud800"), which has
-# no UTF-8 form; escaped, it goes back to the apiserver as it came.
-string = json.encoder.encode_basestring_ascii
+string = json.encoder.encode_basestring_ascii  # a JSON string literal, quotes included
 
 
 class Op(TypedDict):
