@@ -41,14 +41,13 @@ class Server:
     port: int
     ca: Path
     log: Path
+    host: str = "localhost"
 
     def context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca))
 
     def connect(self) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection(
-            "localhost", self.port, context=self.context(), timeout=10
-        )
+        return http.client.HTTPSConnection(self.host, self.port, context=self.context(), timeout=10)
 
     def request(
         self,
@@ -86,7 +85,13 @@ class Server:
 
 
 def start_server(
-    args: list[str], *, ca: Path, log: Path, port: int, env: dict[str, str] | None = None
+    args: list[str],
+    *,
+    ca: Path,
+    log: Path,
+    port: int,
+    env: dict[str, str] | None = None,
+    host: str = "localhost",
 ) -> Server:
     with log.open("ab") as handle:  # the child keeps its own copy of the descriptor
         process = subprocess.Popen(
@@ -95,7 +100,7 @@ def start_server(
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
         )
-    server = Server(process, port, ca, log)
+    server = Server(process, port, ca, log, host)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:

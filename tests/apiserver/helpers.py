@@ -1,0 +1,210 @@
+"""Shared pieces of the real-control-plane tier: pods as an API server stores them,
+a tiny second webhook served by a test, and the processes of a running server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import ssl
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.controlplane.cluster import ControlPlane
+
+GPU = "aliyun.com/gpu-mem"
+IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
+
+# What PodSecurity's "restricted" level asks of every container (the webhook's
+# own namespace enforces it).
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def gpu_container(name: str = "main", gpu: str | None = "4", **extra: Any) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "image": IMAGE}
+    if gpu is not None:
+        c["resources"] = {"limits": {GPU: gpu}}
+    c.update(extra)
+    return c
+
+
+def pod_manifest(
+    name: str, *containers: dict[str, Any], labels: dict[str, str] | None = None, **spec: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"containers": list(containers) or [gpu_container()], **spec},
+    }
+
+
+def create_namespace(
+    api: client.ApiClient, name: str, labels: dict[str, str] | None = None
+) -> None:
+    core = client.CoreV1Api(api)
+    with contextlib.suppress(ApiException):
+        core.delete_namespace(name)
+    body = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": labels or {}},
+    }
+    try:
+        core.create_namespace(body)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+
+
+def wait_for_service_account(api: client.ApiClient, namespace: str) -> None:
+    """Pods are refused until the controller manager has made the namespace's 'default'."""
+    from tests.helpers import eventually
+
+    core = client.CoreV1Api(api)
+
+    def ready() -> bool:
+        try:
+            core.read_namespaced_service_account("default", namespace)
+        except ApiException:
+            return False
+        return True
+
+    eventually(ready, timeout=30)
+
+
+def stored_pod(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    """The pod as the API server stores it, as plain JSON (camelCase keys)."""
+    core = client.CoreV1Api(api)
+    raw = core.read_namespaced_pod(name, namespace, _preload_content=False)
+    data: dict[str, Any] = json.loads(raw.data)
+    return data
+
+
+def create_pod(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    core = client.CoreV1Api(api)
+    raw = core.create_namespaced_pod(namespace, body, _preload_content=False)
+    data: dict[str, Any] = json.loads(raw.data)
+    return data
+
+
+def refusal(fn: Callable[[], Any]) -> str:
+    """The API server's message for a create that must fail."""
+    try:
+        fn()
+    except ApiException as error:
+        body = json.loads(error.body or "{}")
+        return str(body.get("message", error.body))
+    raise AssertionError("the request was accepted")
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all of its descendants (gunicorn's master and workers)."""
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                queue.extend(int(c) for c in (task / "children").read_text().split())
+    return found
+
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@contextlib.contextmanager
+def tiny_webhook(cert: Path, key: str | Path, answer: Handler) -> Iterator[int]:
+    """An HTTPS webhook on loopback whose response to each review is ``answer(request)``."""
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = json.dumps(
+                {
+                    "apiVersion": review["apiVersion"],
+                    "kind": "AdmissionReview",
+                    "response": answer(review["request"]),
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(httpd.server_address[1])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def register_webhook(
+    plane: ControlPlane,
+    name: str,
+    *,
+    port: int,
+    ca_pem: bytes,
+    namespace: str,
+    failure_policy: str = "Fail",
+    reinvocation: str = "Never",
+) -> None:
+    """A MutatingWebhookConfiguration for a tiny webhook, scoped to one namespace."""
+    import base64
+
+    config = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": f"{name}.tests.gpushare-webhook.io",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "timeoutSeconds": 5,
+                "failurePolicy": failure_policy,
+                "reinvocationPolicy": reinvocation,
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{port}/",
+                    "caBundle": base64.b64encode(ca_pem).decode(),
+                },
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["pods"],
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            }
+        ],
+    }
+    plane.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=json.dumps(config)
+    )

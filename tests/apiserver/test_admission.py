@@ -1,0 +1,351 @@
+"""Admission end to end: kube-apiserver calls the webhook the manifests register.
+
+Every pod here is created through the real API server (kubectl or the
+kubernetes client) and read back from it, so what is checked is what a
+cluster stores: defaulting, the ServiceAccount plugin's volume, the
+matchConditions and namespaceSelector, reinvocation, warnings, audit.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.apiserver.conftest import NS, Installed
+from tests.apiserver.helpers import (
+    GPU,
+    RESTRICTED,
+    create_namespace,
+    create_pod,
+    env_of,
+    gpu_container,
+    pod_manifest,
+    process_tree,
+    refusal,
+    register_webhook,
+    stored_pod,
+    tiny_webhook,
+    wait_for_service_account,
+)
+from tests.helpers import eventually
+from webhook import responses, tls
+
+TEAM = "team-a"
+SHIM = "/usr/local/vgpu/libvgpu.so"
+
+
+@pytest.fixture(scope="module")
+def cluster(installed: Installed) -> Iterator[Installed]:
+    create_namespace(installed.api, TEAM)
+    create_namespace(installed.api, "opted-out", {"gpushare-webhook.io/injection": "disabled"})
+    for namespace in (TEAM, "opted-out", NS, "kube-system"):
+        wait_for_service_account(installed.api, namespace)
+    return installed
+
+
+def confined(stored: dict[str, Any], container: str, memory: str) -> bool:
+    spec = stored["spec"]
+    (found,) = [
+        c for c in spec["containers"] + spec.get("initContainers", []) if c["name"] == container
+    ]
+    env = env_of(found)
+    return (
+        spec["schedulerName"] == "gpushare-scheduler"
+        and any(v["name"] == "gpushare-shim" for v in spec["volumes"])
+        and any(m["name"] == "gpushare-shim" for m in found.get("volumeMounts", []))
+        and env.get("CUDA_DEVICE_MEMORY_LIMIT") == memory
+        and env.get("LD_PRELOAD", "").startswith(SHIM)
+    )
+
+
+def test_a_gpu_pod_is_stored_mutated(cluster: Installed) -> None:
+    created = create_pod(cluster.api, TEAM, pod_manifest("train", gpu_container(gpu="4")))
+    stored = stored_pod(cluster.api, TEAM, "train")
+    assert stored["metadata"]["uid"] == created["metadata"]["uid"]
+    assert confined(stored, "main", "4096m")
+    status = json.loads(stored["metadata"]["annotations"]["gpushare-webhook.io/status"])
+    assert status["demand"] == "4GiB"
+    # The ServiceAccount admission plugin ran first: its token volume is kept beside ours.
+    volumes = [v["name"] for v in stored["spec"]["volumes"]]
+    assert any(name.startswith("kube-api-access-") for name in volumes), volumes
+
+
+def test_a_pod_too_big_for_any_gpu_is_refused_with_our_message(cluster: Installed) -> None:
+    manifest = json.dumps(pod_manifest("too-big", gpu_container(gpu="24")))
+    done = cluster.plane.kubectl("apply", "-n", TEAM, "-f", "-", stdin=manifest, check=False)
+    assert done.returncode != 0
+    assert 'admission webhook "pods.gpushare-webhook.io" denied the request' in done.stderr
+    assert (
+        "asks 24 GiB of aliyun.com/gpu-mem per GPU, but the largest GPU has 16 GiB" in done.stderr
+    )
+
+
+def test_warnings_reach_kubectl(cluster: Installed) -> None:
+    container = gpu_container(env=[{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "80g"}])
+    manifest = json.dumps(pod_manifest("warned", container))
+    done = cluster.plane.kubectl("apply", "-n", TEAM, "-f", "-", stdin=manifest)
+    assert (
+        "Warning: container 'main': removed CUDA_DEVICE_MEMORY_LIMIT_0, which would override "
+        "the limit the webhook sets" in done.stderr
+    )
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0" not in env_of(
+        stored_pod(cluster.api, TEAM, "warned")["spec"]["containers"][0]
+    )
+
+
+@pytest.mark.parametrize(
+    ("namespace", "why"),
+    [
+        (TEAM, "a pod that names no GPU memory"),
+        ("kube-system", "kube-system is excluded by the namespaceSelector"),
+        (NS, "the webhook's own namespace is excluded"),
+        ("opted-out", "a namespace labelled gpushare-webhook.io/injection=disabled"),
+    ],
+    ids=["non-gpu-pod", "kube-system", "own-namespace", "opted-out"],
+)
+def test_pods_the_webhook_must_not_see_are_never_sent(
+    cluster: Installed, namespace: str, why: str
+) -> None:
+    before = cluster.reviews()
+    gpu = None if namespace == TEAM else "4"
+    name = f"unsent-{namespace}"
+    container = gpu_container(gpu=gpu, securityContext=RESTRICTED)
+    create_pod(cluster.api, namespace, pod_manifest(name, container))
+    stored = stored_pod(cluster.api, namespace, name)
+    assert stored["spec"]["schedulerName"] == "default-scheduler", why
+    assert "gpushare-webhook.io/status" not in stored["metadata"].get("annotations", {}), why
+    assert cluster.reviews() == before, why
+
+
+WORKLOADS = {
+    "Deployment": {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "dep"}}},
+    },
+    "Job": {"apiVersion": "batch/v1", "kind": "Job", "spec": {"backoffLimit": 0}},
+    "StatefulSet": {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "spec": {"serviceName": "sts", "selector": {"matchLabels": {"app": "sts"}}},
+    },
+}
+
+
+@pytest.mark.parametrize("kind", list(WORKLOADS))
+def test_controllers_create_pods_that_are_mutated(cluster: Installed, kind: str) -> None:
+    app = {"Deployment": "dep", "Job": "job", "StatefulSet": "sts"}[kind]
+    workload: dict[str, Any] = json.loads(json.dumps(WORKLOADS[kind]))
+    workload["metadata"] = {"name": f"{app}-gpu"}
+    restart = "Never" if kind == "Job" else "Always"
+    workload["spec"]["template"] = {
+        "metadata": {"labels": {"app": app}},
+        "spec": {"restartPolicy": restart, "containers": [gpu_container(gpu="2")]},
+    }
+    cluster.plane.kubectl("apply", "-n", TEAM, "-f", "-", stdin=json.dumps(workload))
+    core = client.CoreV1Api(cluster.api)
+
+    def pods() -> list[Any]:
+        return list(core.list_namespaced_pod(TEAM, label_selector=f"app={app}").items)
+
+    eventually(lambda: len(pods()) >= 1, timeout=60)
+    for found in pods():
+        stored = stored_pod(cluster.api, TEAM, found.metadata.name)
+        assert confined(stored, "main", "2048m"), stored["spec"]
+        if kind != "StatefulSet":  # a StatefulSet names its pods itself: <name>-0
+            assert stored["metadata"]["generateName"], stored["metadata"]
+
+
+def test_a_later_webhook_changing_the_pod_reinvokes_ours(
+    cluster: Installed, pki: tls.Issued
+) -> None:
+    """A sidecar injector after ours adds a GPU container; IfNeeded calls ours again."""
+    namespace = "reinvoke"
+    create_namespace(cluster.api, namespace)
+    wait_for_service_account(cluster.api, namespace)
+
+    def add_sidecar(request: dict[str, Any]) -> dict[str, Any]:
+        containers = request["object"]["spec"]["containers"]
+        if any(c["name"] == "sidecar" for c in containers):
+            return {"uid": request["uid"], "allowed": True}
+        sidecar = {
+            "name": "sidecar",
+            "image": "busybox",
+            "resources": {"limits": {GPU: "1"}, "requests": {GPU: "1"}},
+        }
+        patch = [{"op": "add", "path": "/spec/containers/-", "value": sidecar}]
+        return {
+            "uid": request["uid"],
+            "allowed": True,
+            "patchType": "JSONPatch",
+            "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
+        }
+
+    with tiny_webhook(pki.cert, pki.key, add_sidecar) as port:
+        # Webhooks run in the order of their configurations' names: this one after ours.
+        register_webhook(
+            cluster.plane, "zz-sidecar", port=port, ca_pem=pki.ca.read_bytes(), namespace=namespace
+        )
+        try:
+            name = "reinvoked"
+
+            def created() -> bool:
+                create_pod(cluster.api, namespace, pod_manifest(name, gpu_container(gpu="3")))
+                stored = stored_pod(cluster.api, namespace, name)
+                if len(stored["spec"]["containers"]) == 2:
+                    return True
+                client.CoreV1Api(cluster.api).delete_namespaced_pod(
+                    name, namespace, grace_period_seconds=0
+                )
+                eventually(lambda: not _exists(cluster, namespace, name))
+                return False
+
+            before = cluster.reviews()
+            eventually(created, timeout=30)
+            stored = stored_pod(cluster.api, namespace, name)
+            assert confined(stored, "main", "3072m")
+            assert confined(stored, "sidecar", "1024m")
+            status = json.loads(stored["metadata"]["annotations"]["gpushare-webhook.io/status"])
+            assert status["demand"] == "4GiB"
+            assert cluster.reviews() - before >= 2  # the first call, and the reinvocation
+        finally:
+            cluster.plane.kubectl("delete", "mutatingwebhookconfiguration", "zz-sidecar")
+
+
+def _exists(cluster: Installed, namespace: str, name: str) -> bool:
+    try:
+        client.CoreV1Api(cluster.api).read_namespaced_pod(name, namespace)
+    except client.exceptions.ApiException as error:
+        return error.status != 404
+    return True
+
+
+def test_an_ephemeral_container_is_judged(cluster: Installed) -> None:
+    create_pod(cluster.api, TEAM, pod_manifest("debugged", gpu_container(gpu="2")))
+    done = cluster.plane.kubectl(
+        "debug", "-n", TEAM, "debugged", "--image=busybox", "--profile=sysadmin", check=False
+    )
+    assert done.returncode != 0
+    assert 'admission webhook "pods.gpushare-webhook.io" denied the request' in done.stderr
+    assert "sets securityContext.privileged: true" in done.stderr
+    allowed = cluster.plane.kubectl("debug", "-n", TEAM, "debugged", "--image=busybox")
+    assert "debugger" in allowed.stdout + allowed.stderr
+    spec = stored_pod(cluster.api, TEAM, "debugged")["spec"]
+    assert [c["image"] for c in spec["ephemeralContainers"]] == ["busybox"]
+
+
+def test_the_audit_log_carries_our_annotations(cluster: Installed) -> None:
+    create_pod(cluster.api, TEAM, pod_manifest("audited", gpu_container(gpu="1")))
+
+    def annotations() -> dict[str, str]:
+        for line in cluster.plane.audit_log.read_text().splitlines():
+            event = json.loads(line)
+            ref = event.get("objectRef", {})
+            if (
+                ref.get("resource") == "pods"
+                and ref.get("name") == "audited"
+                and event.get("verb") == "create"
+                and event.get("stage") == "ResponseComplete"
+            ):
+                found: dict[str, str] = event.get("annotations", {})
+                return found
+        return {}
+
+    eventually(annotations, timeout=15)
+    found = annotations()
+    assert found["pods.gpushare-webhook.io/decision"] == "mutated"
+    assert found["pods.gpushare-webhook.io/reason"] == "mutated"
+    # The API server's own record that our webhook changed the pod.
+    assert any(key.startswith("mutation.webhook.admission.k8s.io/") for key in found), found
+
+
+def test_webhook_down_refuses_gpu_pods_and_admits_the_rest(cluster: Installed) -> None:
+    cluster.stop_webhook()
+    try:
+        message = refusal(
+            lambda: create_pod(cluster.api, TEAM, pod_manifest("while-down", gpu_container()))
+        )
+        assert 'failed calling webhook "pods.gpushare-webhook.io"' in message
+        assert "connection refused" in message
+        create_pod(cluster.api, TEAM, pod_manifest("plain-while-down", gpu_container(gpu=None)))
+    finally:
+        cluster.start_webhook()
+
+
+def test_a_webhook_slower_than_its_timeout_refuses_in_about_that_time(cluster: Installed) -> None:
+    timeout = cluster.webhook_timeout()
+    pids = process_tree(cluster.server.process.pid)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)  # the socket still accepts; nothing answers
+    try:
+        started = time.monotonic()
+        message = refusal(
+            lambda: create_pod(cluster.api, TEAM, pod_manifest("too-slow", gpu_container()))
+        )
+        took = time.monotonic() - started
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    assert 'failed calling webhook "pods.gpushare-webhook.io"' in message
+    assert "deadline exceeded" in message or "timeout" in message.lower(), message
+    assert timeout - 0.5 <= took <= timeout + 3, took
+
+
+@pytest.mark.parametrize("failure_policy", ["Ignore", "Fail"])
+def test_an_internal_error_refuses_the_pod_whatever_the_failure_policy(
+    cluster: Installed, pki: tls.Issued, failure_policy: str
+) -> None:
+    """The webhook answers a bug in-band (allowed: false, code 500), never with HTTP 500.
+
+    The real webhook has no bug to produce on demand, so a tiny webhook sends
+    the exact answer the webhook's own code builds for one.
+    """
+    namespace = f"errored-{failure_policy.lower()}"
+    create_namespace(cluster.api, namespace)
+    wait_for_service_account(cluster.api, namespace)
+
+    def errored(request: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = responses.errored(
+            request["uid"], "KeyError while admitting the pod"
+        )
+        return answer
+
+    with tiny_webhook(pki.cert, pki.key, errored) as port:
+        register_webhook(
+            cluster.plane,
+            "zz-errored",
+            port=port,
+            ca_pem=pki.ca.read_bytes(),
+            namespace=namespace,
+            failure_policy=failure_policy,
+        )
+        try:
+            messages: list[str] = []
+
+            def refused() -> bool:
+                try:
+                    create_pod(
+                        cluster.api, namespace, pod_manifest("errored", gpu_container(gpu="1"))
+                    )
+                except client.exceptions.ApiException as error:
+                    messages.append(json.loads(error.body)["message"])
+                    return True
+                client.CoreV1Api(cluster.api).delete_namespaced_pod(
+                    "errored", namespace, grace_period_seconds=0
+                )
+                eventually(lambda: not _exists(cluster, namespace, "errored"))
+                return False
+
+            eventually(refused, timeout=30)
+        finally:
+            cluster.plane.kubectl("delete", "mutatingwebhookconfiguration", "zz-errored")
+    assert "gpushare-webhook internal error: KeyError while admitting the pod" in messages[-1]
+    assert "denied the request" in messages[-1]

@@ -1,0 +1,111 @@
+"""The manifests and ``certs install`` against the real API server and its RBAC."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import yaml
+from cryptography import x509
+
+from tests.apiserver.conftest import NS, Installed, install_certs, render_manifests
+from tests.controlplane.cluster import ControlPlane
+
+
+def stored(
+    plane: ControlPlane, kind: str, name: str, namespace: str | None = None
+) -> dict[str, Any]:
+    args = ["get", kind, name, "-o", "json"]
+    if namespace:
+        args += ["-n", namespace]
+    found: dict[str, Any] = json.loads(plane.kubectl(*args).stdout)
+    return found
+
+
+def test_every_rendered_object_is_stored(installed: Installed) -> None:
+    for doc in yaml.safe_load_all(render_manifests()):
+        if not doc:
+            continue
+        meta = doc["metadata"]
+        found = stored(installed.plane, doc["kind"], meta["name"], meta.get("namespace"))
+        assert found["metadata"]["name"] == meta["name"]
+    mwc = stored(installed.plane, "mutatingwebhookconfiguration", "gpushare-webhook")
+    assert mwc["webhooks"][0]["matchConditions"][0]["name"] == "gpu-pods"
+
+
+def test_the_api_server_compiles_the_match_condition(installed: Installed) -> None:
+    """A broken expression is refused by the API server: the shipped one was compiled."""
+    (mwc,) = [
+        doc
+        for doc in yaml.safe_load_all(render_manifests())
+        if doc and doc["kind"] == "MutatingWebhookConfiguration"
+    ]
+    mwc["webhooks"][0]["matchConditions"][0]["expression"] = "object.spec.containers.exists(c,"
+    done = installed.plane.kubectl(
+        "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(mwc), check=False
+    )
+    assert done.returncode != 0
+    assert "compilation failed" in done.stderr
+
+
+def versions(installed: Installed) -> dict[str, str]:
+    plane = installed.plane
+    return {
+        "ca": stored(plane, "secret", "gpushare-webhook-ca", NS)["metadata"]["resourceVersion"],
+        "tls": stored(plane, "secret", "gpushare-webhook-tls", NS)["metadata"]["resourceVersion"],
+        "mwc": stored(plane, "mutatingwebhookconfiguration", "gpushare-webhook")["metadata"][
+            "resourceVersion"
+        ],
+    }
+
+
+def bundle(installed: Installed) -> list[x509.Certificate]:
+    mwc = stored(installed.plane, "mutatingwebhookconfiguration", "gpushare-webhook")
+    return x509.load_pem_x509_certificates(
+        base64.b64decode(mwc["webhooks"][0]["clientConfig"]["caBundle"])
+    )
+
+
+def test_certs_install_as_its_service_account_is_idempotent_and_rotates(
+    installed: Installed,
+) -> None:
+    assert len(bundle(installed)) == 1
+    before = versions(installed)
+    again = install_certs(installed.certs_kubeconfig)
+    assert again.returncode == 0, again.stderr
+    assert versions(installed) == before  # nothing written on a second run
+    # Far enough ahead that the 10-year CA is due: both CAs are trusted during the overlap.
+    rotated = install_certs(installed.certs_kubeconfig, "--renew-before=3600d")
+    assert rotated.returncode == 0, rotated.stderr
+    after = versions(installed)
+    assert len(bundle(installed)) == 2
+    # resourceVersions are etcd revisions here: the CA went out before the serving pair.
+    assert int(before["tls"]) < int(after["ca"]) < int(after["mwc"]) < int(after["tls"])
+
+
+def test_a_missing_permission_is_named(installed: Installed) -> None:
+    """The webhook's own ServiceAccount may list nodes, not touch Secrets."""
+    done = install_certs(installed.webhook_kubeconfig)
+    assert done.returncode == 1
+    assert "forbidden to get Secret gpushare-system/gpushare-webhook-ca" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_shipped_rbac_is_no_more_than_needed(installed: Installed) -> None:
+    plane = installed.plane
+
+    def can(kubeconfig: Any, *args: str) -> bool:
+        done = plane.kubectl("auth", "can-i", *args, kubeconfig=kubeconfig, check=False)
+        return done.stdout.strip() == "yes"
+
+    certs, hook = installed.certs_kubeconfig, installed.webhook_kubeconfig
+    assert can(certs, "update", "secrets/gpushare-webhook-tls", "-n", NS)
+    assert not can(certs, "get", "secrets/other", "-n", NS)
+    assert not can(certs, "list", "secrets", "-n", NS)
+    assert not can(certs, "get", "secrets/gpushare-webhook-tls", "-n", "default")
+    assert can(certs, "patch", "mutatingwebhookconfigurations/gpushare-webhook")
+    assert not can(certs, "patch", "mutatingwebhookconfigurations/other")
+    assert can(hook, "watch", "nodes")
+    assert not can(hook, "get", "secrets", "-n", NS)
+    assert not can(hook, "patch", "nodes")

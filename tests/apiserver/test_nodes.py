@@ -1,0 +1,104 @@
+"""``serve --watch-nodes`` against the real API server, with the manifests' RBAC.
+
+Nodes are created with GPU capacity set through the status subresource, as
+a device plugin's kubelet would report it. Decisions are read through the
+API server itself: a server-side dry-run create calls the webhook
+(sideEffects: None) and stores nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.apiserver.conftest import Installed
+from tests.apiserver.helpers import (
+    create_namespace,
+    gpu_container,
+    pod_manifest,
+    process_tree,
+    wait_for_service_account,
+)
+from tests.helpers import eventually
+
+NAMESPACE = "node-watch"
+
+
+def put_node(api: client.ApiClient, name: str, *, memory: int, count: int) -> None:
+    core = client.CoreV1Api(api)
+    try:
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    except ApiException as error:
+        if error.status != 409:
+            raise
+    capacity = {"aliyun.com/gpu-mem": str(memory), "aliyun.com/gpu-count": str(count), "cpu": "8"}
+    core.patch_node_status(name, {"status": {"capacity": capacity, "allocatable": capacity}})
+
+
+def fits(api: client.ApiClient, gpu: int) -> bool:
+    """Would the API server admit a pod asking ``gpu`` GiB? (dry run: nothing is stored)."""
+    core = client.CoreV1Api(api)
+    body: dict[str, Any] = pod_manifest("probe", gpu_container(gpu=str(gpu)))
+    try:
+        core.create_namespaced_pod(NAMESPACE, body, dry_run="All")
+    except ApiException as error:
+        message = json.loads(error.body)["message"]
+        assert "the largest GPU has" in message, message
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def watched(installed: Installed) -> Iterator[Installed]:
+    create_namespace(installed.api, NAMESPACE)
+    wait_for_service_account(installed.api, NAMESPACE)
+    yield installed
+    core = client.CoreV1Api(installed.api)
+    for node in core.list_node().items:
+        core.delete_node(node.metadata.name)
+
+
+def test_decisions_follow_nodes_added_changed_and_deleted(watched: Installed) -> None:
+    api = watched.api
+    assert fits(api, 16)
+    assert not fits(api, 17)
+    put_node(api, "a100-1", memory=160, count=2)  # 80 GiB per GPU
+    eventually(lambda: fits(api, 80))
+    assert not fits(api, 81)
+    put_node(api, "a100-1", memory=80, count=2)  # the same node, now 40 GiB per GPU
+    eventually(lambda: not fits(api, 41))
+    put_node(api, "t4-1", memory=16, count=1)
+    client.CoreV1Api(api).delete_node("a100-1")
+    eventually(lambda: not fits(api, 17))
+    assert fits(api, 16)
+
+
+def test_the_watch_resumes_after_the_api_server_restarts_past_it(watched: Installed) -> None:
+    """etcd compacted and the API server restarted under a held watch: it resumes.
+
+    The webhook's resourceVersion is older than anything the new API
+    server's watch cache holds, so resuming from it is refused and the
+    webhook lists again; the change made meanwhile must reach its decisions.
+    """
+    api, plane = watched.api, watched.plane
+    put_node(api, "l40-1", memory=48, count=1)
+    eventually(lambda: fits(api, 48))
+    pids = process_tree(watched.server.process.pid)
+    for pid in pids:  # hold the webhook still, so it resumes only once the API is back
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        plane.compact_etcd()
+        plane.restart_apiserver()
+        put_node(api, "h100-1", memory=94, count=1)  # a change the old watch never saw
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    eventually(lambda: fits(api, 94), timeout=60)
+    assert watched.server.metrics()["gpushare_node_watch_connected"] == 1
