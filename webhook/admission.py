@@ -130,8 +130,11 @@ def admit(
         answer = _respond(uid, decision)
     except Exception as error:  # a bug must become a denial, never a dropped pod
         # NB: like controller-runtime's panic recovery, the failure is answered
-        # in-band (HTTP 200, allowed: false) so the apiserver applies the
-        # webhook's failurePolicy with a readable reason instead of a 500.
+        # in-band (HTTP 200, allowed: false, code 500) with a readable reason.
+        # kube-apiserver reads that as a denial, not as a call failure: the
+        # pod is refused under failurePolicy Ignore as under Fail (tested in
+        # tests/apiserver/test_admission.py). A bug must not admit a GPU pod
+        # unconfined; only an unreachable or timed-out webhook is "Ignore"d.
         log.error("admission of %s/%s failed: %s", namespace, name, traceback.format_exc())
         message = f"{type(error).__name__} while admitting the pod; see the webhook's log"
         return Result(

@@ -67,7 +67,7 @@ def denied(
 
 
 def errored(uid: str, message: str) -> Response:
-    """An internal failure, answered as a denial so the apiserver reads it (never HTTP 500)."""
+    """An internal failure as a denial (never HTTP 500): refused under any failurePolicy."""
     return denied(uid, f"gpushare-webhook internal error: {message}", code=500)
 
 

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.apiserver.conftest import NS, Installed
 from tests.apiserver.helpers import (
     GPU,
     RESTRICTED,
@@ -35,6 +34,7 @@ from tests.apiserver.helpers import (
     tiny_webhook,
     wait_for_service_account,
 )
+from tests.controlplane.install import NS, Installed
 from tests.helpers import eventually
 from webhook import responses, tls
 

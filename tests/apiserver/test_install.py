@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 from cryptography import x509
 
-from tests.apiserver.conftest import NS, Installed, install_certs, render_manifests
 from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.install import NS, Installed, install_certs, render_manifests
 
 
 def stored(

@@ -18,7 +18,6 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.apiserver.conftest import Installed
 from tests.apiserver.helpers import (
     create_namespace,
     gpu_container,
@@ -26,6 +25,7 @@ from tests.apiserver.helpers import (
     process_tree,
     wait_for_service_account,
 )
+from tests.controlplane.install import Installed
 from tests.helpers import eventually
 
 NAMESPACE = "node-watch"

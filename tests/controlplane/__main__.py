@@ -1,0 +1,67 @@
+"""``python3 -m tests.controlplane``: the control plane of the tests, the webhook in it, by hand.
+
+Starts etcd, kube-apiserver and kube-controller-manager on loopback
+(building them first if the cache lacks them), installs the webhook from
+the manifests as the tests do, prints the kubeconfig to use with kubectl,
+and stops everything on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from tests.conftest import stop_server
+from tests.controlplane import build
+from tests.controlplane.cluster import ControlPlaneError, running
+from tests.controlplane.install import install
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m tests.controlplane", description=__doc__)
+    parser.add_argument(
+        "--dir", help="where to keep logs and credentials (default: a new temp dir)"
+    )
+    options = parser.parse_args()
+    root = Path(options.dir or tempfile.mkdtemp(prefix="gpushare-controlplane-"))
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        binaries = build.ensure()
+    except build.Unavailable as error:
+        print(f"control plane: {error}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        with running(root / "cluster", binaries) as plane:
+            installed = install(plane, root / "webhook")
+            try:
+                print(
+                    f"control plane at {plane.url}, the webhook at "
+                    f"https://127.0.0.1:{installed.server.port}/mutate\n"
+                    f"  export KUBECONFIG={plane.kubeconfig}\n"
+                    "  kubectl run train --image=pytorch "
+                    '--overrides=\'{"spec":{"containers":[{"name":"train","image":"pytorch",'
+                    '"resources":{"limits":{"aliyun.com/gpu-mem":"4"}}}]}}\'\n'
+                    "  kubectl get pod train -o yaml\n"
+                    f"logs: {root} (webhook/webhook.log, cluster/*.log); Ctrl-C stops everything",
+                    flush=True,
+                )
+                stop.wait()
+            finally:
+                stop_server(installed.server)
+    except KeyboardInterrupt:
+        pass
+    except (ControlPlaneError, RuntimeError, OSError, AssertionError) as error:
+        print(f"control plane: {str(error).splitlines()[0]} (logs in {root})", file=sys.stderr)
+        return 1
+    print("stopped", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
