@@ -1,6 +1,7 @@
 """Benchmark gpushare-webhook against a floor, on loopback, over keep-alive HTTPS.
 
     python bench/run.py [--quick]
+    python bench/run.py --apiserver [--quick]   (through the real kube-apiserver)
 
 Starts ``gpushare-webhook serve`` as deployed (gunicorn, TLS, the project's
 own certificates) and the floor (``bench/floor.py``: json.loads and a fixed
@@ -243,7 +244,15 @@ def main() -> int:
         help="reviews sent at concurrency 8 after the trials, for RSS growth "
         "(default: 100000, 3000 with --quick)",
     )
+    parser.add_argument(
+        "--apiserver",
+        action="store_true",
+        help="run only the part through the real kube-apiserver (bench/apiserver.py) and write "
+        "it under the key 'apiserver' of --out",
+    )
     args = parser.parse_args()
+    if args.apiserver:
+        return apiserver_part(Path(args.out), quick=args.quick)
     levels = [1, 8, 32]
     trials, requests = (3, 300) if args.quick else (5, 3000)
     soak = args.soak if args.soak is not None else (3000 if args.quick else 100_000)
@@ -361,6 +370,23 @@ def main() -> int:
     )
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")
+    return 0
+
+
+def apiserver_part(out: Path, *, quick: bool) -> int:
+    from bench import apiserver
+    from tests.controlplane.build import Unavailable
+
+    try:
+        found = apiserver.run(quick)
+    except (Unavailable, RuntimeError, OSError) as error:
+        print(f"bench --apiserver: {str(error).splitlines()[0]}", file=sys.stderr)
+        return 1
+    apiserver.report(found)
+    results = json.loads(out.read_text()) if out.exists() and out.stat().st_size else {}
+    results["apiserver"] = found
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
     return 0
 
 

@@ -139,8 +139,12 @@ def point_webhook_at(plane: ControlPlane, url: str, name: str = "gpushare-webhoo
     )
 
 
-def install(plane: ControlPlane, folder: Path) -> Installed:
-    """Apply, issue certificates, serve; stop ``installed.server`` when done."""
+def install(plane: ControlPlane, folder: Path, *, workers: int | None = 1) -> Installed:
+    """Apply, issue certificates, serve; stop ``installed.server`` when done.
+
+    One worker by default, so that a scrape of /metrics counts every review
+    at once; ``workers=None`` serves with the default of ``serve``.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     plane.kubectl(
         "apply",
@@ -162,7 +166,8 @@ def install(plane: ControlPlane, folder: Path) -> Installed:
     port = free_port()
     args = [
         *("--cert", str(cert), "--key", str(key), "--policy", str(policy)),
-        *("--workers", "1", "--watch-nodes", "--kubeconfig", str(webhook_kubeconfig)),
+        *(("--workers", str(workers)) if workers else ()),
+        *("--watch-nodes", "--kubeconfig", str(webhook_kubeconfig)),
     ]
     server = start_server(
         args,
