@@ -22,6 +22,7 @@ import json
 import re
 import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -29,13 +30,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.apiserver.helpers import register_webhook
 from tests.conftest import stop_server
 from tests.controlplane import build
-from tests.controlplane.cluster import ControlPlane, running
+from tests.controlplane.cluster import ControlPlane, free_port, running
 from tests.controlplane.install import install
 
 HOOK = 'name="pods.gpushare-webhook.io"'
-SENT, UNSENT = "bench-sent", "bench-unsent"
+FLOOR_HOOK = 'name="bench-floor.tests.gpushare-webhook.io"'
+SENT, FLOOR, UNSENT = "bench-sent", "bench-floor", "bench-unsent"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _pod(index: int) -> bytes:
@@ -116,21 +120,49 @@ def _delete_all(plane: ControlPlane, namespace: str) -> None:
     conn.close()
 
 
-def _histogram(metrics: str) -> tuple[float, dict[float, float]]:
-    """(first bucket bound, cumulative counts by bound) of our webhook's admit calls."""
+def _histogram(metrics: str, hook: str = HOOK) -> tuple[float, dict[float, float]]:
+    """(first bucket bound, cumulative counts by bound) of one webhook's admit calls."""
     buckets: dict[float, float] = {}
     pattern = re.compile(
         r"^apiserver_admission_webhook_admission_duration_seconds_bucket\{(.*)\} (\S+)$"
     )
     for line in metrics.splitlines():
         found = pattern.match(line)
-        if found and HOOK in found.group(1) and 'operation="CREATE"' in found.group(1):
+        if found and hook in found.group(1) and 'operation="CREATE"' in found.group(1):
             bound = re.search(r'le="([^"]+)"', found.group(1))
             assert bound is not None
             key = float("inf") if bound.group(1) == "+Inf" else float(bound.group(1))
             buckets[key] = buckets.get(key, 0.0) + float(found.group(2))
     first = min(buckets) if buckets else 0.005
     return first, buckets
+
+
+def _start_floor(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """bench/floor.py, the least a webhook can do, with the webhook's own certificate."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "floor.py"),
+            f"--bind=127.0.0.1:{port}",
+            f"--cert={folder / 'mounted' / 'tls.crt'}",
+            f"--key={folder / 'mounted' / 'tls.key'}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    context = ssl.create_default_context(cafile=str(folder / "ca.crt"))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=2)
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                return process, port
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("the floor webhook did not start")
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -143,13 +175,26 @@ def run(quick: bool) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="gpushare-bench-apiserver-"))
     rounds, per_round = (2, 60) if quick else (3, 400)
     results: dict[str, Any] = {}
+    floor: tuple[subprocess.Popen[bytes], int] | None = None
     with running(root / "cluster", binaries) as plane:
         installed = install(plane, root / "webhook", workers=None)  # as deployed
         try:
-            plane.kubectl("create", "namespace", SENT)
-            plane.kubectl("create", "namespace", UNSENT)
-            plane.kubectl("label", "namespace", UNSENT, "gpushare-webhook.io/injection=disabled")
-            for namespace in (SENT, UNSENT):
+            for namespace in (SENT, FLOOR, UNSENT):
+                plane.kubectl("create", "namespace", namespace)
+            for namespace in (FLOOR, UNSENT):
+                plane.kubectl(
+                    "label", "namespace", namespace, "gpushare-webhook.io/injection=disabled"
+                )
+            floor = _start_floor(root / "webhook")
+            register_webhook(
+                plane,
+                "bench-floor",
+                port=floor[1],
+                ca_pem=(root / "webhook" / "ca.crt").read_bytes(),
+                namespace=FLOOR,
+                path="/mutate",
+            )
+            for namespace in (SENT, FLOOR, UNSENT):
                 deadline = time.monotonic() + 30
                 while plane.kubectl(
                     "get", "serviceaccount", "default", "-n", namespace, check=False
@@ -157,48 +202,57 @@ def run(quick: bool) -> dict[str, Any]:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"no default ServiceAccount in {namespace}")
                     time.sleep(0.2)
-            _create(plane, SENT, 20, 4, 10**6)  # warm both paths
-            _create(plane, UNSENT, 20, 4, 10**6)
-            _delete_all(plane, SENT)
-            _delete_all(plane, UNSENT)
+            for namespace in (SENT, FLOOR, UNSENT):  # warm every path
+                _create(plane, namespace, 20, 4, 10**6)
+                _delete_all(plane, namespace)
             index = 0
             for level in (1, 8, 32):
-                sent: list[float] = []
-                unsent: list[float] = []
+                latencies: dict[str, list[float]] = {SENT: [], FLOOR: [], UNSENT: []}
                 count = per_round if level > 1 else per_round // 2
-                before = _histogram(plane.metrics())[1]
+                metrics = plane.metrics()
+                before = {hook: _histogram(metrics, hook)[1] for hook in (HOOK, FLOOR_HOOK)}
                 for _ in range(rounds):
-                    for namespace, into in ((SENT, sent), (UNSENT, unsent)):
+                    for namespace, into in latencies.items():
                         into.extend(_create(plane, namespace, count, level, index))
                         index += count
                         _delete_all(plane, namespace)
-                first, after = _histogram(plane.metrics())
-                calls = after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0)
-                inside = after.get(first, 0.0) - before.get(first, 0.0)
+                metrics = plane.metrics()
+                shares = {}
+                for hook in (HOOK, FLOOR_HOOK):
+                    first, after = _histogram(metrics, hook)
+                    calls = after.get(float("inf"), 0.0) - before[hook].get(float("inf"), 0.0)
+                    inside = after.get(first, 0.0) - before[hook].get(first, 0.0)
+                    shares[hook] = (first, int(calls), round(inside / calls, 4) if calls else None)
+                sent, floored, unsent = latencies[SENT], latencies[FLOOR], latencies[UNSENT]
                 results[str(level)] = {
-                    "pods": len(sent) + len(unsent),
-                    "webhook_calls": int(calls),
-                    "first_bucket_s": first,
-                    "webhook_le_5ms_share": round(inside / calls, 4) if calls else None,
+                    "pods": sum(len(v) for v in latencies.values()),
+                    "webhook_calls": shares[HOOK][1],
+                    "first_bucket_s": shares[HOOK][0],
+                    "webhook_le_5ms_share": shares[HOOK][2],
+                    "floor_le_5ms_share": shares[FLOOR_HOOK][2],
                     "create_p50_ms": round(statistics.median(sent), 2),
                     "create_p99_ms": round(_percentile(sent, 0.99), 2),
+                    "create_p50_ms_floor": round(statistics.median(floored), 2),
+                    "create_p99_ms_floor": round(_percentile(floored, 0.99), 2),
                     "create_p50_ms_without": round(statistics.median(unsent), 2),
                     "create_p99_ms_without": round(_percentile(unsent, 0.99), 2),
                 }
         finally:
             stop_server(installed.server)
+            if floor is not None:
+                floor[0].terminate()
+                floor[0].wait(15)
     return results
 
 
 def report(results: dict[str, Any]) -> None:
-    print("\nthrough kube-apiserver (webhook called / namespace left out):")
+    print("\nthrough kube-apiserver: create latency with our webhook / the floor webhook / none")
     for level, row in results.items():
-        share = row["webhook_le_5ms_share"]
         print(
-            f"  c={level:>2}: {row['pods']} pods, {row['webhook_calls']} webhook calls, "
-            f"{share:.1%} within {row['first_bucket_s'] * 1000:.0f} ms; create p50 "
-            f"{row['create_p50_ms']:.2f} / {row['create_p50_ms_without']:.2f} ms "
-            f"({row['create_p50_ms'] / row['create_p50_ms_without']:.2f}x), p99 "
-            f"{row['create_p99_ms']:.2f} / {row['create_p99_ms_without']:.2f} ms",
-            file=sys.stdout,
+            f"  c={level:>2}: {row['pods']} pods, {row['webhook_calls']} calls of ours, "
+            f"{row['webhook_le_5ms_share']:.1%} within {row['first_bucket_s'] * 1000:.0f} ms "
+            f"(floor {row['floor_le_5ms_share']:.1%}); p50 {row['create_p50_ms']:.2f} / "
+            f"{row['create_p50_ms_floor']:.2f} / {row['create_p50_ms_without']:.2f} ms, p99 "
+            f"{row['create_p99_ms']:.2f} / {row['create_p99_ms_floor']:.2f} / "
+            f"{row['create_p99_ms_without']:.2f} ms"
         )

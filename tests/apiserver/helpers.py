@@ -173,6 +173,7 @@ def register_webhook(
     namespace: str,
     failure_policy: str = "Fail",
     reinvocation: str = "Never",
+    path: str = "/",
 ) -> None:
     """A MutatingWebhookConfiguration for a tiny webhook, scoped to one namespace."""
     import base64
@@ -190,7 +191,7 @@ def register_webhook(
                 "failurePolicy": failure_policy,
                 "reinvocationPolicy": reinvocation,
                 "clientConfig": {
-                    "url": f"https://127.0.0.1:{port}/",
+                    "url": f"https://127.0.0.1:{port}{path}",
                     "caBundle": base64.b64encode(ca_pem).decode(),
                 },
                 "rules": [
