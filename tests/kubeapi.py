@@ -4,6 +4,13 @@ Secrets (get, create, update), MutatingWebhookConfigurations (get, JSON
 patch) and Nodes (list and watch, with resourceVersions, broken watches and
 410 Gone). Tests point the real ``kubernetes`` client at it with a
 kubeconfig, so every request crosses a socket as it would in a cluster.
+
+The real kube-apiserver (tests/apiserver, tests/controlplane) is the
+authority; this stand-in is kept for what it cannot produce on demand:
+HTTP 500 answers, answers delayed by a set time, a watch cut after a given
+number of events, and the exact order of writes a rotation makes, all in
+tests that need no Go toolchain. The same behaviours that the real server
+can show (certs install, RBAC, the node watch) are tested there too.
 """
 
 from __future__ import annotations
