@@ -61,7 +61,7 @@ def cache_root() -> Path:
     return Path(base) / "gpushare-webhook" / "controlplane"
 
 
-def _go() -> str:
+def find_go() -> str:
     go = shutil.which("go")
     if go is None:
         raise Unavailable("Go is not installed: the real control plane is built from its Go module")
@@ -91,7 +91,7 @@ def _binaries(folder: Path, seconds: float) -> Binaries:
 
 def ensure(*, say: bool = True) -> Binaries:
     """The built binaries, building them first if the cache lacks them."""
-    go = _go()
+    go = find_go()
     root = cache_root()
     folder = root / _key(go)
     if all((folder / name).is_file() for name in COMMANDS):
