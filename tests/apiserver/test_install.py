@@ -109,3 +109,13 @@ def test_the_shipped_rbac_is_no_more_than_needed(installed: Installed) -> None:
     assert can(hook, "watch", "nodes")
     assert not can(hook, "get", "secrets", "-n", NS)
     assert not can(hook, "patch", "nodes")
+
+
+def test_a_missing_webhook_configuration_says_to_apply_the_manifests(installed: Installed) -> None:
+    done = install_certs(installed.certs_kubeconfig, "--webhook-config=absent")
+    assert done.returncode == 1
+    # RBAC names the one configuration certs install may read: another is forbidden.
+    assert "forbidden to get MutatingWebhookConfiguration absent" in done.stderr
+    admin = install_certs(installed.plane.kubeconfig, "--webhook-config=absent")
+    assert admin.returncode == 1
+    assert "MutatingWebhookConfiguration 'absent' not found: apply the manifests" in admin.stderr
