@@ -12,6 +12,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from webhook import tls
+
 PEM = serialization.Encoding.PEM
 
 
@@ -32,33 +34,8 @@ class Authority:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.UTC)
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name("control-plane-ca"))
-            .issuer_name(_name("control-plane-ca"))
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=30))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(self.key, hashes.SHA256())
-        )
+        # The project's own CA maker: the same kind of CA the webhook issues itself.
+        self.key, self.cert = tls.create_ca(common_name="control-plane-ca", days=30)
         self.pem = self.cert.public_bytes(PEM)
         self.path = folder / "ca.crt"
         self.path.write_bytes(self.pem)
