@@ -30,10 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.apiserver.helpers import register_webhook
-from tests.conftest import stop_server
+from bench.run import start
+from tests.apiserver.helpers import register_webhook, wait_for_service_account
+from tests.conftest import free_port, stop_server
 from tests.controlplane import build
-from tests.controlplane.cluster import ControlPlane, free_port, running
+from tests.controlplane.cluster import ControlPlane, running
 from tests.controlplane.install import install
 
 HOOK = 'name="pods.gpushare-webhook.io"'
@@ -61,18 +62,11 @@ def _pod(index: int) -> bytes:
     ).encode()
 
 
-def _context(plane: ControlPlane) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=str(plane.ca))
-    cert, key = plane.admin
-    context.load_cert_chain(str(cert), str(key))
-    return context
-
-
 def _create(
     plane: ControlPlane, namespace: str, count: int, concurrency: int, start: int
 ) -> list[float]:
     """Create ``count`` pods from ``concurrency`` keep-alive connections; latencies in ms."""
-    context = _context(plane)
+    context = plane.context()
     latencies: list[float] = []
     lock = threading.Lock()
     next_index = [start]
@@ -114,7 +108,7 @@ def _create(
 
 
 def _delete_all(plane: ControlPlane, namespace: str) -> None:
-    conn = http.client.HTTPSConnection("127.0.0.1", plane.port, context=_context(plane), timeout=60)
+    conn = http.client.HTTPSConnection("127.0.0.1", plane.port, context=plane.context(), timeout=60)
     conn.request("DELETE", f"/api/v1/namespaces/{namespace}/pods?gracePeriodSeconds=0")
     conn.getresponse().read()
     conn.close()
@@ -140,29 +134,17 @@ def _histogram(metrics: str, hook: str = HOOK) -> tuple[float, dict[float, float
 def _start_floor(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
     """bench/floor.py, the least a webhook can do, with the webhook's own certificate."""
     port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "floor.py"),
-            f"--bind=127.0.0.1:{port}",
-            f"--cert={folder / 'mounted' / 'tls.crt'}",
-            f"--key={folder / 'mounted' / 'tls.key'}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    context = ssl.create_default_context(cafile=str(folder / "ca.crt"))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=2)
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                return process, port
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("the floor webhook did not start")
+    context = ssl.create_default_context(cafile=str(folder / "mounted" / "ca.crt"))
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "floor.py"),
+        f"--bind=127.0.0.1:{port}",
+        f"--cert={folder / 'mounted' / 'tls.crt'}",
+        f"--key={folder / 'mounted' / 'tls.key'}",
+    ]
+    # The certificate certs install made names 127.0.0.1, not localhost.
+    process, _ = start(cmd, port, context, host="127.0.0.1")
+    return process, port
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -190,18 +172,12 @@ def run(quick: bool) -> dict[str, Any]:
                 plane,
                 "bench-floor",
                 port=floor[1],
-                ca_pem=(root / "webhook" / "ca.crt").read_bytes(),
+                ca_pem=installed.server.ca.read_bytes(),
                 namespace=FLOOR,
                 path="/mutate",
             )
             for namespace in (SENT, FLOOR, UNSENT):
-                deadline = time.monotonic() + 30
-                while plane.kubectl(
-                    "get", "serviceaccount", "default", "-n", namespace, check=False
-                ).returncode:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"no default ServiceAccount in {namespace}")
-                    time.sleep(0.2)
+                wait_for_service_account(installed.api, namespace)
             for namespace in (SENT, FLOOR, UNSENT):  # warm every path
                 _create(plane, namespace, 20, 4, 10**6)
                 _delete_all(plane, namespace)

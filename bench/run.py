@@ -52,12 +52,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_ready(port: int, context: ssl.SSLContext, deadline: float) -> float:
+def wait_ready(
+    port: int, context: ssl.SSLContext, deadline: float, host: str = "localhost"
+) -> float:
     start = time.monotonic()
     body = review(gpu_pod(1, rng=__import__("random").Random(1)), "ready")
     while time.monotonic() < deadline:
         try:
-            conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=5)
+            conn = http.client.HTTPSConnection(host, port, context=context, timeout=5)
             conn.request("POST", "/mutate", body, {"Content-Type": "application/json"})
             if conn.getresponse().status == 200:
                 conn.close()
@@ -68,11 +70,11 @@ def wait_ready(port: int, context: ssl.SSLContext, deadline: float) -> float:
 
 
 def start(
-    cmd: list[str], port: int, context: ssl.SSLContext
+    cmd: list[str], port: int, context: ssl.SSLContext, host: str = "localhost"
 ) -> tuple[subprocess.Popen[bytes], float]:
     began = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-    wait_ready(port, context, began + 60)
+    wait_ready(port, context, began + 60, host)
     return proc, time.monotonic() - began
 
 

@@ -3,6 +3,7 @@ a tiny second webhook served by a test, and the processes of a running server.""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import ssl
@@ -16,9 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.cluster import ControlPlane
-
-GPU = "aliyun.com/gpu-mem"
-IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
+from tests.helpers import container, eventually
 
 # What PodSecurity's "restricted" level asks of every container (the webhook's
 # own namespace enforces it).
@@ -32,11 +31,8 @@ RESTRICTED = {
 
 
 def gpu_container(name: str = "main", gpu: str | None = "4", **extra: Any) -> dict[str, Any]:
-    c: dict[str, Any] = {"name": name, "image": IMAGE}
-    if gpu is not None:
-        c["resources"] = {"limits": {GPU: gpu}}
-    c.update(extra)
-    return c
+    """tests.helpers.container, asking 4 GiB unless told otherwise."""
+    return container(name, gpu, **extra)
 
 
 def pod_manifest(
@@ -70,8 +66,6 @@ def create_namespace(
 
 def wait_for_service_account(api: client.ApiClient, namespace: str) -> None:
     """Pods are refused until the controller manager has made the namespace's 'default'."""
-    from tests.helpers import eventually
-
     core = client.CoreV1Api(api)
 
     def ready() -> bool:
@@ -107,6 +101,21 @@ def refusal(fn: Callable[[], Any]) -> str:
         body = json.loads(error.body or "{}")
         return str(body.get("message", error.body))
     raise AssertionError("the request was accepted")
+
+
+def delete_pod(api: client.ApiClient, namespace: str, name: str) -> None:
+    """Delete a pod at once and wait until the API server no longer has it."""
+    core = client.CoreV1Api(api)
+    core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod(name, namespace)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    eventually(gone)
 
 
 def env_of(container: dict[str, Any]) -> dict[str, str]:
@@ -176,8 +185,6 @@ def register_webhook(
     path: str = "/",
 ) -> None:
     """A MutatingWebhookConfiguration for a tiny webhook, scoped to one namespace."""
-    import base64
-
     config = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",

@@ -20,10 +20,10 @@ import pytest
 from kubernetes import client
 
 from tests.apiserver.helpers import (
-    GPU,
     RESTRICTED,
     create_namespace,
     create_pod,
+    delete_pod,
     env_of,
     gpu_container,
     pod_manifest,
@@ -35,7 +35,7 @@ from tests.apiserver.helpers import (
     wait_for_service_account,
 )
 from tests.controlplane.install import NS, Installed
-from tests.helpers import eventually
+from tests.helpers import GPU, eventually
 from webhook import responses, tls
 
 TEAM = "team-a"
@@ -202,10 +202,7 @@ def test_a_later_webhook_changing_the_pod_reinvokes_ours(
                 stored = stored_pod(cluster.api, namespace, name)
                 if len(stored["spec"]["containers"]) == 2:
                     return True
-                client.CoreV1Api(cluster.api).delete_namespaced_pod(
-                    name, namespace, grace_period_seconds=0
-                )
-                eventually(lambda: not _exists(cluster, namespace, name))
+                delete_pod(cluster.api, namespace, name)
                 return False
 
             before = cluster.reviews()
@@ -218,14 +215,6 @@ def test_a_later_webhook_changing_the_pod_reinvokes_ours(
             assert cluster.reviews() - before >= 2  # the first call, and the reinvocation
         finally:
             cluster.plane.kubectl("delete", "mutatingwebhookconfiguration", "zz-sidecar")
-
-
-def _exists(cluster: Installed, namespace: str, name: str) -> bool:
-    try:
-        client.CoreV1Api(cluster.api).read_namespaced_pod(name, namespace)
-    except client.exceptions.ApiException as error:
-        return error.status != 404
-    return True
 
 
 def test_an_ephemeral_container_is_judged(cluster: Installed) -> None:
@@ -338,10 +327,7 @@ def test_an_internal_error_refuses_the_pod_whatever_the_failure_policy(
                 except client.exceptions.ApiException as error:
                     messages.append(json.loads(error.body)["message"])
                     return True
-                client.CoreV1Api(cluster.api).delete_namespaced_pod(
-                    "errored", namespace, grace_period_seconds=0
-                )
-                eventually(lambda: not _exists(cluster, namespace, "errored"))
+                delete_pod(cluster.api, namespace, "errored")
                 return False
 
             eventually(refused, timeout=30)

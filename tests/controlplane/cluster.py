@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -26,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import free_port
 from tests.controlplane import pki
 from tests.controlplane.build import Binaries
 
@@ -40,12 +40,6 @@ rules:
     verbs: [create, update, patch]
   - level: None
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ControlPlaneError(Exception):
@@ -258,7 +252,8 @@ class ControlPlane:
 
     # -- talking to it --
 
-    def _context(self) -> ssl.SSLContext:
+    def context(self) -> ssl.SSLContext:
+        """TLS to the API server as the admin."""
         context = ssl.create_default_context(cafile=str(self.ca))
         cert, key = self.admin
         context.load_cert_chain(str(cert), str(key))
@@ -279,7 +274,7 @@ class ControlPlane:
             request.add_header("Content-Type", "application/json")
         try:
             with urllib.request.urlopen(
-                request, timeout=timeout, context=self._context() if tls else None
+                request, timeout=timeout, context=self.context() if tls else None
             ) as response:
                 data: bytes = response.read()
                 return data

@@ -110,12 +110,12 @@ def install_certs(kubeconfig: Path, *extra: str) -> subprocess.CompletedProcess[
 
 
 def mounted_files(api: client.ApiClient, folder: Path) -> tuple[Path, Path, Path]:
-    """The serving Secret and the policy ConfigMap as the Deployment would mount them."""
+    """The serving Secret (its CA too) and the policy ConfigMap, as the Deployment mounts them."""
     core = client.CoreV1Api(api)
     secret = core.read_namespaced_secret("gpushare-webhook-tls", NS).data
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    for key in ("tls.crt", "tls.key"):
+    for key in ("tls.crt", "tls.key", "ca.crt"):
         path = folder / key
         path.write_bytes(base64.b64decode(secret[key]))
         paths.append(path)
@@ -161,8 +161,6 @@ def install(plane: ControlPlane, folder: Path, *, workers: int | None = 1) -> In
     api = api_client(plane.kubeconfig)
     cert, key, policy = mounted_files(api, folder / "mounted")
     webhook_kubeconfig = service_account_kubeconfig(plane, "gpushare-webhook", folder)
-    ca = client.CoreV1Api(api).read_namespaced_secret("gpushare-webhook-tls", NS).data["ca.crt"]
-    (folder / "ca.crt").write_bytes(base64.b64decode(ca))
     port = free_port()
     args = [
         *("--cert", str(cert), "--key", str(key), "--policy", str(policy)),
@@ -171,7 +169,7 @@ def install(plane: ControlPlane, folder: Path, *, workers: int | None = 1) -> In
     ]
     server = start_server(
         args,
-        ca=folder / "ca.crt",
+        ca=folder / "mounted" / "ca.crt",
         log=folder / "webhook.log",
         port=port,
         host="127.0.0.1",  # the name the API server calls and the certificate holds
