@@ -28,7 +28,11 @@ def main() -> int:
     )
     options = parser.parse_args()
     root = Path(options.dir or tempfile.mkdtemp(prefix="gpushare-controlplane-"))
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        print(f"control plane: --dir {root}: {error.strerror}", file=sys.stderr)
+        return 2
     try:
         binaries = build.ensure()
     except build.Unavailable as error:
