@@ -1,16 +1,17 @@
 """A small, real HTTP server that speaks the parts of the Kubernetes API the project uses.
 
 Secrets (get, create, update), MutatingWebhookConfigurations (get, JSON
-patch) and Nodes (list and watch, with resourceVersions, broken watches and
-410 Gone). Tests point the real ``kubernetes`` client at it with a
+patch) and Nodes (list and watch, with resourceVersions and broken
+watches). Tests point the real ``kubernetes`` client at it with a
 kubeconfig, so every request crosses a socket as it would in a cluster.
 
 The real kube-apiserver (tests/apiserver, tests/controlplane) is the
 authority; this stand-in is kept for what it cannot produce on demand:
 HTTP 500 answers, answers delayed by a set time, a watch cut after a given
-number of events, and the exact order of writes a rotation makes, all in
-tests that need no Go toolchain. The same behaviours that the real server
-can show (certs install, RBAC, the node watch) are tested there too.
+number of events, and a refusal of one write in the middle of an install,
+all in tests that need no Go toolchain. Whatever the real server can show (certs
+install, RBAC, the node watch's adds, changes, deletes and 410 Gone after a
+compaction, node pools) is tested there and not here.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ class FakeApi:
         self.events: list[tuple[int, str, dict[str, Any]]] = []  # (rv, type, node)
         self.deny: set[tuple[str, str]] = set()  # (verb, resource)
         self.requests: list[tuple[str, str]] = []
-        self.gone_before = 0  # watches from an older resourceVersion get 410 Gone
         self.break_watch_after: int | None = None  # events sent before a watch is cut
         self.fail_next = 0  # answer this many requests with 500
         self.delay = 0.0
@@ -101,13 +101,6 @@ class FakeApi:
             kind = event or ("MODIFIED" if name in self.nodes else "ADDED")
             self.nodes[name] = node
             self.events.append((self.version, kind, copy.deepcopy(node)))
-            self.lock.notify_all()
-
-    def delete_node(self, name: str) -> None:
-        with self.lock:
-            node = self.nodes.pop(name)
-            node["metadata"]["resourceVersion"] = self.next_version()
-            self.events.append((self.version, "DELETED", node))
             self.lock.notify_all()
 
 
@@ -255,10 +248,6 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
 
-        if since and since < api.gone_before:
-            chunk({"type": "ERROR", "object": _status(410, "Expired", "too old resource version")})
-            self.wfile.write(b"0\r\n\r\n")
-            return
         deadline = time.monotonic() + min(timeout, 30)
         sent = 0
         cursor = since

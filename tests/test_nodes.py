@@ -1,7 +1,11 @@
-"""GPU sizes from the cluster: the list-then-watch of Nodes, against a local API server.
+"""GPU sizes from the cluster: reading a Node's capacity, and the watch under faults.
 
-The real ``kubernetes`` client talks HTTP to tests/kubeapi.py; the server
-breaks watches, answers 410 Gone, fails and stalls on request.
+The watch's ordinary life (list, adds, changes, deletes, 410 after a
+compaction, RBAC, node pools) is tested against the real API server in
+tests/apiserver/test_node_watcher.py. Here the real ``kubernetes`` client
+talks HTTP to tests/kubeapi.py for what only a stand-in does on demand:
+a stream cut after a given number of events, HTTP 500s, and answers
+delayed by a set time.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import pytest
 from tests.helpers import eventually
 from tests.kubeapi import FakeApi, serve
 from webhook import kube
-from webhook.capacity import GpuNode, NodeFacts, gpu_node, limits_for
+from webhook.capacity import GpuNode, NodeFacts, gpu_node
 from webhook.policy import DEFAULT_POLICY, parse_policy
 
 GIB = DEFAULT_POLICY
@@ -80,25 +84,6 @@ def sizes(watcher: kube.NodeWatcher) -> dict[str, int]:
     return {n.name: n.gpu_memory for n in watcher.view(DEFAULT_POLICY).nodes or ()}
 
 
-def test_lists_then_follows_added_modified_and_deleted_nodes(
-    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
-) -> None:
-    api, _ = cluster
-    api.put_node("a", memory=48, count=2)
-    api.put_node("cpu-only", memory=0, count=0)
-    watcher.start()
-    eventually(lambda: sizes(watcher) == {"a": 24})
-    assert watcher.status().synced
-    assert watcher.status().nodes == 2
-    api.put_node("b", memory=80, count=1, labels={"pool": "a100"})
-    eventually(lambda: sizes(watcher) == {"a": 24, "b": 80})
-    api.put_node("a", memory=96, count=2)
-    eventually(lambda: sizes(watcher) == {"a": 48, "b": 80})
-    api.delete_node("b")
-    eventually(lambda: sizes(watcher) == {"a": 48})
-    assert watcher.lists == 1  # every change came through the watch
-
-
 def test_a_broken_watch_resumes_without_a_new_list(
     cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
 ) -> None:
@@ -110,20 +95,6 @@ def test_a_broken_watch_resumes_without_a_new_list(
     eventually(lambda: sizes(watcher) == {"a": 24, "b": 40, "c": 80})
     assert watcher.lists == 1
     assert watcher.watches >= 2
-
-
-def test_410_gone_lists_again(cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher) -> None:
-    api, _ = cluster
-    start_with_one_node(api, watcher)
-    # The apiserver has compacted past our resourceVersion; meanwhile a node changed.
-    api.gone_before = api.version + 10
-    with api.lock:
-        api.nodes["a"]["status"]["capacity"]["aliyun.com/gpu-mem"] = "32"
-        api.version += 10
-    api.break_watch_after = 0
-    api.put_node("z", memory=8, count=1)  # wakes the watch, which is then cut
-    eventually(lambda: watcher.lists >= 2)
-    eventually(lambda: sizes(watcher) == {"a": 32, "z": 8})
 
 
 def test_unreachable_api_falls_back_to_the_policy_and_says_why(tmp_path: Path) -> None:
@@ -147,18 +118,6 @@ def test_unreachable_api_falls_back_to_the_policy_and_says_why(tmp_path: Path) -
         watcher.stop()
 
 
-def test_no_gpu_node_falls_back_to_the_policy(
-    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
-) -> None:
-    api, _ = cluster
-    api.put_node("cpu", memory=0, count=0)
-    watcher.start()
-    eventually(lambda: watcher.status().synced)
-    view = watcher.view(DEFAULT_POLICY)
-    assert view.nodes is None
-    assert "no node reports aliyun.com/gpu-mem" in view.note
-
-
 def test_errors_keep_the_last_known_nodes_then_recover(
     cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
 ) -> None:
@@ -176,17 +135,6 @@ def test_errors_keep_the_last_known_nodes_then_recover(
     eventually(lambda: watcher.status().connected and not watcher.status().problem)
 
 
-def test_forbidden_names_the_missing_permission(
-    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
-) -> None:
-    api, _ = cluster
-    api.deny.add(("list", "nodes"))
-    watcher.start()
-    eventually(lambda: "forbidden" in watcher.status().problem)
-    assert "'list' and 'watch' on nodes" in watcher.status().problem
-    assert "forbidden" in watcher.view(DEFAULT_POLICY).note
-
-
 def test_a_slow_api_does_not_block_reviews(
     cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
 ) -> None:
@@ -202,31 +150,6 @@ def test_a_slow_api_does_not_block_reviews(
     eventually(lambda: "cannot reach" in watcher.status().problem)
     api.delay = 0
     eventually(lambda: sizes(watcher) == {"a": 24})
-
-
-def test_limits_narrow_to_the_pool_a_pod_selects(
-    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
-) -> None:
-    api, _ = cluster
-    api.put_node("t4-1", memory=16, count=1, labels={"pool": "t4"})
-    api.put_node("a100-1", memory=80, count=1, labels={"pool": "a100"})
-    api.put_node("a100-2", memory=160, count=2, labels={"pool": "a100"})
-    watcher.start()
-    eventually(lambda: len(sizes(watcher)) == 3)
-    nodes = watcher.view(GIB).nodes
-    everywhere = limits_for({}, GIB, nodes)
-    assert (everywhere.largest_gpu, everywhere.nodes_with_largest) == (80, 2)
-    t4 = limits_for({"nodeSelector": {"pool": "t4"}}, GIB, nodes)
-    assert (t4.largest_gpu, t4.nodes_with_largest) == (16, 1)
-
-
-def test_start_and_wait_returns_once_the_first_list_is_in(
-    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
-) -> None:
-    api, _ = cluster
-    api.put_node("a", memory=24, count=1)
-    watcher.start_and_wait(timeout=10)
-    assert sizes(watcher) == {"a": 24}  # no waiting after it: the nodes are known
 
 
 def test_start_and_wait_gives_up_on_a_silent_api(

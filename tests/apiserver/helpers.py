@@ -118,6 +118,36 @@ def delete_pod(api: client.ApiClient, namespace: str, name: str) -> None:
     eventually(gone)
 
 
+def put_node(
+    api: client.ApiClient,
+    name: str,
+    *,
+    memory: int,
+    count: int,
+    labels: dict[str, str] | None = None,
+) -> None:
+    """Create (or update) a Node and report GPU capacity through its status, as a kubelet would."""
+    core = client.CoreV1Api(api)
+    metadata = {"name": name, "labels": labels or {}}
+    try:
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": metadata})
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        core.patch_node(name, {"metadata": {"labels": labels or {}}})
+    capacity = {"aliyun.com/gpu-mem": str(memory), "aliyun.com/gpu-count": str(count), "cpu": "8"}
+    core.patch_node_status(name, {"status": {"capacity": capacity, "allocatable": capacity}})
+
+
+def delete_nodes(api: client.ApiClient) -> None:
+    """Delete every Node and wait until none is left: the next test starts from no GPU nodes."""
+    core = client.CoreV1Api(api)
+    for node in core.list_node().items:
+        with contextlib.suppress(ApiException):
+            core.delete_node(node.metadata.name)
+    eventually(lambda: not core.list_node().items)
+
+
 def env_of(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container.get("env", [])}
 

@@ -20,26 +20,17 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.apiserver.helpers import (
     create_namespace,
+    delete_nodes,
     gpu_container,
     pod_manifest,
     process_tree,
+    put_node,
     wait_for_service_account,
 )
 from tests.controlplane.install import Installed
 from tests.helpers import eventually
 
 NAMESPACE = "node-watch"
-
-
-def put_node(api: client.ApiClient, name: str, *, memory: int, count: int) -> None:
-    core = client.CoreV1Api(api)
-    try:
-        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-    except ApiException as error:
-        if error.status != 409:
-            raise
-    capacity = {"aliyun.com/gpu-mem": str(memory), "aliyun.com/gpu-count": str(count), "cpu": "8"}
-    core.patch_node_status(name, {"status": {"capacity": capacity, "allocatable": capacity}})
 
 
 def fits(api: client.ApiClient, gpu: int) -> bool:
@@ -60,9 +51,7 @@ def watched(installed: Installed) -> Iterator[Installed]:
     create_namespace(installed.api, NAMESPACE)
     wait_for_service_account(installed.api, NAMESPACE)
     yield installed
-    core = client.CoreV1Api(installed.api)
-    for node in core.list_node().items:
-        core.delete_node(node.metadata.name)
+    delete_nodes(installed.api)
 
 
 def test_decisions_follow_nodes_added_changed_and_deleted(watched: Installed) -> None:

@@ -176,3 +176,14 @@ def test_access_lines_only_with_access_log(server: Server, tmp_path: Path) -> No
     finally:
         stop_server(running)
     assert "GET /healthz HTTP/1.1" in log.read_text()
+
+
+def test_watch_nodes_without_credentials_stops_start_up(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook", "serve", "--watch-nodes",
+         "--kubeconfig", str(tmp_path / "missing"), "--certs-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "no usable Kubernetes credentials" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,8 +1,8 @@
-"""``serve --watch-nodes`` against a local API server, and what the webhook reports.
+"""``serve --watch-nodes`` with two workers against the real API server, and what it reports.
 
-One webhook process with two workers, nodes served by tests/kubeapi.py:
-the decision follows the nodes as they change, /metrics adds up both
-workers, and every admission is one JSON log line.
+One webhook process with two workers, each with its own watch, reviews
+sent straight to it: the decision follows the Nodes as they change,
+/metrics adds up both workers, and every admission is one JSON log line.
 """
 
 from __future__ import annotations
@@ -14,33 +14,37 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
+from tests.apiserver.helpers import delete_nodes, put_node
 from tests.conftest import Server, free_port, start_server, start_watching, stop_server
+from tests.controlplane.install import Installed, service_account_kubeconfig
 from tests.helpers import container, eventually, pod
-from tests.kubeapi import FakeApi, serve
 from webhook import tls
 from webhook.metrics import FLUSH_INTERVAL
 
 JSON = {"Content-Type": "application/json"}
+Cluster = tuple[client.ApiClient, Server]
 
 
 @pytest.fixture(scope="module")
 def cluster(
-    tmp_path_factory: pytest.TempPathFactory, pki: tls.Issued
-) -> Iterator[tuple[FakeApi, Server]]:
-    tmp = tmp_path_factory.mktemp("cluster")
-    with serve(tmp) as (api, kubeconfig):
-        api.put_node("t4-1", memory=16, count=1, labels={"pool": "t4"})
-        api.put_node("a100-1", memory=80, count=2, labels={"pool": "a100"})
-        api.put_node("a100-2", memory=80, count=2, labels={"pool": "a100"})
-        running = start_watching(pki, kubeconfig, tmp / "server.log")
-        try:
-            yield api, running
-        finally:
-            stop_server(running)
+    installed: Installed, tmp_path_factory: pytest.TempPathFactory, pki: tls.Issued
+) -> Iterator[Cluster]:
+    api = installed.api
+    put_node(api, "t4-1", memory=16, count=1, labels={"pool": "t4"})
+    put_node(api, "a100-1", memory=80, count=2, labels={"pool": "a100"})
+    put_node(api, "a100-2", memory=80, count=2, labels={"pool": "a100"})
+    log = tmp_path_factory.mktemp("watching") / "server.log"
+    running = start_watching(pki, installed.webhook_kubeconfig, log)
+    try:
+        yield api, running
+    finally:
+        stop_server(running)
+        delete_nodes(api)
 
 
-def test_rejects_against_the_largest_gpu_in_the_cluster(cluster: tuple[FakeApi, Server]) -> None:
+def test_rejects_against_the_largest_gpu_in_the_cluster(cluster: Cluster) -> None:
     _, server = cluster
     # Each worker has its own watch: ask enough times to reach both.
     for _ in range(4):
@@ -51,24 +55,24 @@ def test_rejects_against_the_largest_gpu_in_the_cluster(cluster: tuple[FakeApi, 
         assert "the largest GPU has 40 GiB (2 nodes of the cluster's GPU nodes)" in message
 
 
-def test_node_pool_selection_narrows_the_bound(cluster: tuple[FakeApi, Server]) -> None:
+def test_node_pool_selection_narrows_the_bound(cluster: Cluster) -> None:
     _, server = cluster
     answer = server.ask(pod(container(gpu="20"), nodeSelector={"pool": "t4"}))
     assert answer["allowed"] is False
     assert "16 GiB (1 node of the GPU nodes this pod's node selector allows)" in str(answer)
 
 
-def test_a_new_node_raises_the_bound_without_a_restart(cluster: tuple[FakeApi, Server]) -> None:
+def test_a_new_node_raises_the_bound_without_a_restart(cluster: Cluster) -> None:
     api, server = cluster
-    api.put_node("h100-1", memory=94, count=1, labels={"pool": "h100"})
+    put_node(api, "h100-1", memory=94, count=1, labels={"pool": "h100"})
     for _ in range(4):
         eventually(lambda: server.ask(pod(container(gpu="94")))["allowed"] is True)
-    api.delete_node("h100-1")
+    client.CoreV1Api(api).delete_node("h100-1")
     for _ in range(4):
         eventually(lambda: server.ask(pod(container(gpu="94")))["allowed"] is False)
 
 
-def test_metrics_add_up_both_workers(cluster: tuple[FakeApi, Server]) -> None:
+def test_metrics_add_up_both_workers(cluster: Cluster) -> None:
     _, server = cluster
     rejected = 'gpushare_admission_reviews_total{outcome="rejected",reason="exceeds-gpu"}'
     bad = 'gpushare_admission_reviews_total{outcome="bad-request",reason="bad-request"}'
@@ -112,7 +116,7 @@ def test_metrics_add_up_both_workers(cluster: tuple[FakeApi, Server]) -> None:
     assert after["gpushare_certificate_expiry_timestamp_seconds"] > time.time() + 86400
 
 
-def test_one_json_log_line_per_admission(cluster: tuple[FakeApi, Server]) -> None:
+def test_one_json_log_line_per_admission(cluster: Cluster) -> None:
     _, server = cluster
     obj = pod(container(gpu="2"))
     obj["metadata"] = {"generateName": "train-", "namespace": "team-a"}
@@ -142,41 +146,27 @@ def test_one_json_log_line_per_admission(cluster: tuple[FakeApi, Server]) -> Non
 
 
 def test_without_nodes_the_policy_bounds_and_a_warning_says_so(
-    tmp_path: Path, pki: tls.Issued
+    installed: Installed, tmp_path: Path, pki: tls.Issued
 ) -> None:
-    with serve(tmp_path) as (api, kubeconfig):
-        api.deny.add(("list", "nodes"))
-        running = start_server(
-            ["--cert", str(pki.cert), "--key", str(pki.key), "--workers", "1",
-             "--watch-nodes", "--kubeconfig", str(kubeconfig)],
-            ca=pki.ca,
-            log=tmp_path / "server.log",
-            port=free_port(),
-        )  # fmt: skip
-        try:
-            answer = running.ask(pod(container(gpu="8")))
-            assert answer["allowed"] is True
-            (warning,) = answer["warnings"]  # type: ignore[misc]
-            assert warning.startswith("GPU sizes come from the policy's gpuMemory (16 GiB)")
-            assert "forbidden to list or watch nodes" in warning  # ready waits for the first list
-            values = running.metrics()
-            assert values["gpushare_gpu_sizes_from_policy"] == 1
-            assert values["gpushare_gpu_size_fallback_reviews_total"] >= 1
-            assert values["gpushare_node_watch_connected"] == 0
-            assert "forbidden to list or watch nodes" in running.log.read_text()
-        finally:
-            stop_server(running)
-
-
-def test_watch_nodes_without_credentials_stops_start_up(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "webhook", "serve", "--watch-nodes",
-         "--kubeconfig", str(tmp_path / "missing"), "--certs-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60, check=False,
+    """A ServiceAccount the node RBAC does not cover: the API server's 403 reaches the answer."""
+    kubeconfig = service_account_kubeconfig(installed.plane, "default", tmp_path)
+    running = start_server(
+        ["--cert", str(pki.cert), "--key", str(pki.key), "--workers", "1",
+         "--watch-nodes", "--kubeconfig", str(kubeconfig)],
+        ca=pki.ca,
+        log=tmp_path / "server.log",
+        port=free_port(),
     )  # fmt: skip
-    assert done.returncode == 2
-    assert "no usable Kubernetes credentials" in done.stderr
-    assert "Traceback" not in done.stderr
+    try:
+        answer = running.ask(pod(container(gpu="8")))
+        assert answer["allowed"] is True
+        (warning,) = answer["warnings"]  # type: ignore[misc]
+        assert warning.startswith("GPU sizes come from the policy's gpuMemory (16 GiB)")
+        assert "forbidden to list or watch nodes" in warning  # ready waits for the first list
+        values = running.metrics()
+        assert values["gpushare_gpu_sizes_from_policy"] == 1
+        assert values["gpushare_gpu_size_fallback_reviews_total"] >= 1
+        assert values["gpushare_node_watch_connected"] == 0
+        assert "forbidden to list or watch nodes" in running.log.read_text()
+    finally:
+        stop_server(running)
