@@ -2,7 +2,7 @@
 
 A Flask app that parses each body with ``json.loads`` and returns a fixed
 small AdmissionReview, run under the same gunicorn settings and TLS as
-``gpushare-webhook serve`` (``webhook.server.WebhookServer``).
+``gpushare-webhook serve`` (``webhook.serving.server.WebhookServer``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from flask import Flask, Response, request
 
-from webhook.server import ServeOptions, WebhookServer
+from webhook.serving.server import ServeOptions, WebhookServer
 
 
 def create_floor() -> Flask:

@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.reviews import gpu_pod, mix, review  # noqa: E402
 from webhook import tls  # noqa: E402
-from webhook.admission import admit  # noqa: E402
-from webhook.capacity import GpuNode  # noqa: E402
-from webhook.policy import DEFAULT_POLICY  # noqa: E402
+from webhook.decision.admission import admit  # noqa: E402
+from webhook.decision.capacity import GpuNode  # noqa: E402
+from webhook.decision.policy import DEFAULT_POLICY  # noqa: E402
 
 
 def free_port() -> int:

@@ -18,8 +18,8 @@ import sys
 import atheris
 
 with atheris.instrument_imports(include=["webhook"]):
-    from webhook.admission import admit
-    from webhook.policy import DEFAULT_POLICY
+    from webhook.decision.admission import admit
+    from webhook.decision.policy import DEFAULT_POLICY
 
 import jsonpatch  # after instrumentation: only the webhook's own code is traced
 

@@ -9,7 +9,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from tests.helpers import container, decode_patch, pod, review
-from webhook.app import MAX_BODY, create_app
+from webhook.serving.app import MAX_BODY, create_app
 
 
 @pytest.fixture

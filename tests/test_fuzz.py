@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 
 from tests.conftest import Server
 from tests.helpers import GPU, container, decode_patch, pod, review
-from webhook.admission import admit
-from webhook.policy import DEFAULT_POLICY
-from webhook.quantities import parse_quantity
+from webhook.decision.admission import admit
+from webhook.decision.policy import DEFAULT_POLICY
+from webhook.decision.quantities import parse_quantity
 
 ROOT = Path(__file__).parent.parent
 GOLDEN = sorted((Path(__file__).parent / "golden").glob("*/request.json"))

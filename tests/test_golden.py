@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from tests.helpers import apply, decode_patch
-from webhook.admission import admit
-from webhook.policy import DEFAULT_POLICY, Policy, parse_policy_text
+from webhook.decision.admission import admit
+from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("GOLDEN_UPDATE") == "1"

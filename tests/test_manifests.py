@@ -25,7 +25,7 @@ import yaml
 
 from tests.helpers import container, pod
 from webhook.cli import build_parser
-from webhook.policy import parse_policy_text
+from webhook.decision.policy import parse_policy_text
 
 ROOT = Path(__file__).parent.parent
 OVERLAYS = {"default": ROOT / "manifests", "cert-manager": ROOT / "manifests/overlays/cert-manager"}

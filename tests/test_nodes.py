@@ -18,9 +18,9 @@ import pytest
 
 from tests.helpers import eventually
 from tests.kubeapi import FakeApi, serve
-from webhook import kube
-from webhook.capacity import GpuNode, NodeFacts, gpu_node
-from webhook.policy import DEFAULT_POLICY, parse_policy
+from webhook.cluster import kube
+from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node
+from webhook.decision.policy import DEFAULT_POLICY, parse_policy
 
 GIB = DEFAULT_POLICY
 

@@ -13,13 +13,13 @@ from flask.testing import FlaskClient
 from prometheus_client import Histogram
 
 from tests.helpers import container, pod, review, swap
-from webhook import logs
-from webhook.admission import admit
-from webhook.app import State, create_app
-from webhook.capacity import GpuNode
-from webhook.metrics import BUCKETS, FLUSH_INTERVAL, Metrics
-from webhook.policy import DEFAULT_POLICY, Policy
-from webhook.runtime import NodeStatus, NodeView, NoNodes, PolicySource
+from webhook.decision.admission import admit
+from webhook.decision.capacity import GpuNode, NodeStatus, NodeView, NoNodes
+from webhook.decision.policy import DEFAULT_POLICY, Policy
+from webhook.serving import logs
+from webhook.serving.app import State, create_app
+from webhook.serving.metrics import BUCKETS, FLUSH_INTERVAL, Metrics
+from webhook.serving.runtime import PolicySource
 
 
 def scrape(client: FlaskClient) -> dict[str, float]:

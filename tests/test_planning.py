@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import GPU, apply, container, pod
-from webhook.capacity import GpuNode, limits_for
-from webhook.planning import STATUS_ANNOTATION, Decision, is_gpu_pod, plan
-from webhook.policy import DEFAULT_POLICY, parse_policy_text
+from webhook.decision.capacity import GpuNode, limits_for
+from webhook.decision.plan import STATUS_ANNOTATION, Decision, is_gpu_pod, plan
+from webhook.decision.policy import DEFAULT_POLICY, parse_policy_text
 
 
 def decide(obj: Any, **kwargs: Any) -> Decision:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from webhook.decision.policy import DEFAULT_POLICY, dump_policy, parse_policy, parse_policy_text
 from webhook.errors import PolicyError
-from webhook.policy import DEFAULT_POLICY, dump_policy, parse_policy, parse_policy_text
 
 
 def test_empty_document_is_the_defaults() -> None:

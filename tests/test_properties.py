@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import GPU, apply, container, decode_patch, pod, review
-from webhook.admission import admit
-from webhook.planning import STATUS_ANNOTATION, plan
-from webhook.policy import DEFAULT_POLICY
+from webhook.decision.admission import admit
+from webhook.decision.plan import STATUS_ANNOTATION, plan
+from webhook.decision.policy import DEFAULT_POLICY
 
 K8S_VERSION = "1.37.0"
 NAMES = st.from_regex(r"[a-z][a-z0-9]{0,8}", fullmatch=True)
@@ -100,7 +100,7 @@ def test_patch_applies_validates_and_is_a_fixed_point(obj: dict[str, Any]) -> No
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.text(min_size=1, max_size=12), value=st.text(max_size=24))
 def test_the_patch_text_carries_any_name_and_value(name: str, value: str) -> None:
-    # The patch is written as JSON text piece by piece (webhook.patching):
+    # The patch is written as JSON text piece by piece (webhook.decision.patch):
     # quotes, backslashes, control and non-ASCII characters in what the user
     # wrote must come back out of it exactly.
     env = [{"name": "LD_PRELOAD", "value": value}, {"name": "X", "value": value}]

@@ -6,8 +6,8 @@ from fractions import Fraction
 
 import pytest
 
+from webhook.decision.quantities import parse_quantity, whole_count
 from webhook.errors import QuantityError
-from webhook.quantities import parse_quantity, whole_count
 
 PARSES = [
     ("4", Fraction(4), ""),

@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import swap
 from webhook.errors import PolicyError
-from webhook.runtime import PolicySource
+from webhook.serving.runtime import PolicySource
 
 
 def test_reload_follows_the_configmap_symlink_swap(tmp_path: Path) -> None:

@@ -22,9 +22,10 @@ from typing import Any, TextIO
 import yaml
 
 from webhook import __version__
+from webhook.decision.capacity import NodeSource
+from webhook.decision.policy import DEFAULT_POLICY, Policy, dump_policy
 from webhook.errors import CertificateError, InputError, PolicyError, WebhookError
-from webhook.policy import DEFAULT_POLICY, Policy, dump_policy
-from webhook.runtime import NodeSource, read_policy
+from webhook.serving.runtime import read_policy
 
 EXIT_OK, EXIT_REJECTED, EXIT_INPUT = 0, 1, 2
 _DURATION = re.compile(r"(\d+)([dhm])")
@@ -178,10 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from webhook import logs, tls
-    from webhook.app import State, create_app
-    from webhook.runtime import NoNodes, PolicySource
-    from webhook.server import ServeOptions, WebhookServer
+    from webhook import tls
+    from webhook.decision.capacity import NoNodes
+    from webhook.serving import logs
+    from webhook.serving.app import State, create_app
+    from webhook.serving.runtime import PolicySource
+    from webhook.serving.server import ServeOptions, WebhookServer
 
     log_config = logs.config(args.log_level, args.log_format)
     logs.skip_unused_record_fields()
@@ -211,7 +214,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     nodes: NodeSource = NoNodes()
     start_in_worker: Callable[[], None] | None = None
     if args.watch_nodes:
-        from webhook import kube
+        from webhook.cluster import kube
 
         # Credentials are checked here, so a missing token stops start-up with
         # a clear error; each worker makes its own client and watch after fork.
@@ -221,10 +224,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     owned_dir: Path | None = None
     state = State(policy=source, nodes=nodes, ready=_readiness(host, int(port), nodes))
     if args.metrics:
-        from webhook.runtime import prepare_metrics_directory
+        from webhook.serving.runtime import prepare_metrics_directory
 
         owned_dir = prepare_metrics_directory()  # before prometheus_client is imported
-        from webhook import metrics
+        from webhook.serving import metrics
 
         state.metrics = metrics.Metrics(source, nodes, cert)
     options = ServeOptions(
@@ -287,7 +290,7 @@ def _readiness(
     """
     import time
 
-    from webhook import tls
+    from webhook.serving.context import handshake
 
     target = (
         "127.0.0.1" if host in ("0.0.0.0", "", "*") else "::1" if host in ("::", "[::]") else host
@@ -301,7 +304,7 @@ def _readiness(
             return False, "waiting for the first node list"
         now = time.monotonic()
         if now - cache["at"] >= ttl:
-            problem = tls.handshake(target, port)
+            problem = handshake(target, port)
             cache["at"], cache["result"] = now, (not problem, problem or "ok")
         result: tuple[bool, str] = cache["result"]
         return result
@@ -338,7 +341,7 @@ def _read_documents(path: str, stdin: TextIO) -> list[Any]:
 
 
 def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
-    from webhook.workloads import preview
+    from webhook.preview import preview
 
     policy = _policy(args.policy)
     documents = _read_documents(args.file, stdin)
@@ -401,7 +404,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_certs_install(args: argparse.Namespace) -> int:
-    from webhook import kube
+    from webhook.cluster import kube
 
     try:
         api = kube.api_client(args.kubeconfig, args.context)

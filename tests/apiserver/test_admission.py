@@ -36,7 +36,8 @@ from tests.apiserver.helpers import (
 )
 from tests.controlplane.install import NS, Installed
 from tests.helpers import GPU, eventually
-from webhook import responses, tls
+from webhook import tls
+from webhook.decision import responses
 
 TEAM = "team-a"
 SHIM = "/usr/local/vgpu/libvgpu.so"

@@ -16,9 +16,9 @@ import pytest
 from tests.apiserver.helpers import delete_nodes, put_node
 from tests.controlplane.install import Installed, service_account_kubeconfig
 from tests.helpers import eventually
-from webhook import kube
-from webhook.capacity import limits_for
-from webhook.policy import DEFAULT_POLICY as GIB
+from webhook.cluster import kube
+from webhook.decision.capacity import limits_for
+from webhook.decision.policy import DEFAULT_POLICY as GIB
 
 
 def start(kubeconfig: Path) -> kube.NodeWatcher:

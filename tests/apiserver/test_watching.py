@@ -21,7 +21,7 @@ from tests.conftest import Server, free_port, start_server, start_watching, stop
 from tests.controlplane.install import Installed, service_account_kubeconfig
 from tests.helpers import container, eventually, pod
 from webhook import tls
-from webhook.metrics import FLUSH_INTERVAL
+from webhook.serving.metrics import FLUSH_INTERVAL
 
 JSON = {"Content-Type": "application/json"}
 Cluster = tuple[client.ApiClient, Server]

@@ -27,8 +27,8 @@ from tests.conftest import Server, free_port, start_server, start_watching, stop
 from tests.helpers import container, eventually, pod, review, swap
 from tests.kubeapi import FakeApi, serve
 from webhook import tls
-from webhook.admission import admit
-from webhook.policy import parse_policy
+from webhook.decision.admission import admit
+from webhook.decision.policy import parse_policy
 
 JSON = {"Content-Type": "application/json"}
 GOOD = "gpuMemory: 24\n"

@@ -10,7 +10,7 @@ certificate, so any one of them can speak for the process.
 
 prometheus-client chooses its storage when it is first imported, from
 ``PROMETHEUS_MULTIPROC_DIR``: ``serve`` sets it (with
-``webhook.runtime.prepare_metrics_directory``) before importing this module.
+``webhook.serving.runtime.prepare_metrics_directory``) before importing this module.
 
 NB: writing a count to those files takes a lock and an mmap write per
 value, four to five values per review: a few percent of a worker's time.
@@ -38,11 +38,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from webhook.admission import Result
-from webhook.capacity import GpuNode
-from webhook.policy import Policy
-from webhook.quantities import UNIT_MIB
-from webhook.runtime import METRICS_ENV, NodeSource, PolicySource
+from webhook.decision.admission import Result
+from webhook.decision.capacity import GpuNode, NodeSource
+from webhook.decision.policy import Policy
+from webhook.decision.quantities import UNIT_MIB
+from webhook.serving.runtime import METRICS_ENV, PolicySource
 
 log = logging.getLogger("gpushare_webhook.metrics")
 ENV = METRICS_ENV

@@ -110,7 +110,7 @@ def config(level: str, fmt: LogFormat) -> dict[str, Any]:
     """A ``logging.config.dictConfig`` document: everything goes to stderr in one format.
 
     Whether gunicorn writes access lines at all is ``serve --access-log``'s
-    to say (webhook.server.QuietAccessLogger); those it writes come here.
+    to say (webhook.serving.server.QuietAccessLogger); those it writes come here.
     """
     formatter = JsonFormatter if fmt == "json" else TextFormatter
     return {

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
+from webhook.decision.reviews import API_VERSIONS, Request
 from webhook.errors import ReviewError
-from webhook.reviews import API_VERSIONS, Request
 
 MAX_UID = 256
 

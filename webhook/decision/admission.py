@@ -8,22 +8,19 @@ CLI and the benchmarks all run exactly this code.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from webhook import responses
-from webhook.capacity import GpuLimits, GpuNode, limits_for
-from webhook.decoding import decode
+from webhook.decision import responses
+from webhook.decision.capacity import GpuLimits, GpuNode, limits_for
+from webhook.decision.decoding import decode
+from webhook.decision.patch import compact_json
+from webhook.decision.plan import Decision, plan, plan_ephemeral, untouched
+from webhook.decision.policy import Policy
+from webhook.decision.reviews import Request
 from webhook.errors import ReviewError
-from webhook.patching import compact_json
-from webhook.planning import Decision, plan, plan_ephemeral, untouched
-from webhook.policy import Policy
-from webhook.reviews import Request
-
-log = logging.getLogger("gpushare_webhook.admission")
 
 
 @dataclass(frozen=True)
@@ -37,6 +34,7 @@ class Result:
     namespace: str = ""
     name: str = ""
     error: str = ""
+    trace: str = ""  # the traceback of an internal error, for the caller's log
     dry_run: bool = False
 
     @property
@@ -110,7 +108,7 @@ def admit(
     *,
     note: str = "",
 ) -> Result:
-    """Answer one AdmissionReview body. Never raises.
+    """Answer one AdmissionReview body. Never raises: a bug is answered as a denial.
 
     ``note`` (why the nodes are not known) is added to the warnings of
     every GPU pod, whose bounds then come from the policy.
@@ -135,7 +133,6 @@ def admit(
         # pod is refused under failurePolicy Ignore as under Fail (tested in
         # tests/apiserver/test_admission.py). A bug must not admit a GPU pod
         # unconfined; only an unreachable or timed-out webhook is "Ignore"d.
-        log.error("admission of %s/%s failed: %s", namespace, name, traceback.format_exc())
         message = f"{type(error).__name__} while admitting the pod; see the webhook's log"
         return Result(
             status=200,
@@ -144,6 +141,7 @@ def admit(
             namespace=namespace,
             name=name,
             error=repr(error),
+            trace=traceback.format_exc(),
             dry_run=dry_run,
         )
     return Result(

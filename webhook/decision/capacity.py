@@ -13,11 +13,11 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from webhook.decision.policy import Policy
+from webhook.decision.quantities import parse_quantity
 from webhook.errors import QuantityError
-from webhook.policy import Policy
-from webhook.quantities import parse_quantity
 
 
 @dataclass(frozen=True)
@@ -223,3 +223,51 @@ def _term_matches(term: Any, labels: Mapping[str, str]) -> bool:
             if (op == "Gt" and not number > bound) or (op == "Lt" and not number < bound):
                 return False
     return True
+
+
+# The seam through which node facts reach the decision: the serving side asks a
+# NodeSource (the cluster's node watch, or NoNodes) for a view on each review.
+@dataclass(frozen=True)
+class NodeView:
+    """The GPU nodes a review is checked against, or None to use the policy's gpuMemory.
+
+    ``note`` says why the policy is used although nodes were asked for; it
+    becomes an AdmissionResponse warning on GPU pods.
+    """
+
+    nodes: Sequence[GpuNode] | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """How the node watch is doing, for metrics and logs."""
+
+    watching: bool = False
+    tried: bool = False  # the first list has been answered, or has failed
+    synced: bool = False  # a full list has been read at least once
+    connected: bool = False  # the last call to the API succeeded
+    problem: str = ""
+    nodes: int = 0  # all nodes seen, GPU or not
+
+
+class NodeSource(Protocol):
+    def view(self, policy: Policy) -> NodeView:
+        """The nodes to check a pod against under ``policy``."""
+
+    def status(self) -> NodeStatus:
+        """The state of the source, for metrics."""
+
+
+@dataclass
+class NoNodes:
+    """Node watching is off: every pod is checked against the policy."""
+
+    def view(self, policy: Policy) -> NodeView:
+        return _NO_NODES
+
+    def status(self) -> NodeStatus:
+        return NodeStatus()
+
+
+_NO_NODES = NodeView()

@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from webhook import patching
-from webhook.capacity import GpuLimits, limits_from_policy
+from webhook.decision import patch as patching
+from webhook.decision.capacity import GpuLimits, limits_from_policy
+from webhook.decision.patch import Op
+from webhook.decision.policy import LD_SO_PRELOAD, EnvNames, Policy, Shim, overlaps
+from webhook.decision.quantities import MemoryUnit, parse_quantity, plain_count, whole_count
 from webhook.errors import PodError, QuantityError, ShapeError
-from webhook.patching import Op
-from webhook.policy import LD_SO_PRELOAD, EnvNames, Policy, Shim, overlaps
-from webhook.quantities import MemoryUnit, parse_quantity, plain_count, whole_count
 
 VOLUME_NAME = "gpushare-shim"
 STATUS_ANNOTATION = "gpushare-webhook.io/status"
@@ -59,7 +59,7 @@ class Decision:
     reason: str
     message: str = ""
     code: int = 200
-    patch_json: str = ""  # the JSON Patch as JSON text, "" for none (see webhook.patching)
+    patch_json: str = ""  # the JSON Patch as JSON text, "" for none (see webhook.decision.patch)
     warnings: tuple[str, ...] = ()
     demand: int = 0  # GPU memory the pod holds on its GPU, in the policy's unit
     asks: tuple[ContainerAsk, ...] = ()

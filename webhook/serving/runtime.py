@@ -2,7 +2,8 @@
 
 Owns the live policy (a file re-read when it changes: the kubelet updates a
 mounted ConfigMap by swapping a symlink, which changes the resolved file's
-inode and mtime) and the seam through which node facts reach the decision.
+inode and mtime) (the seam through which node facts reach the decision is
+``webhook.decision.capacity.NodeSource``).
 Every gunicorn worker holds its own copy and checks the file itself, at
 most once per ``interval``, so a change reaches all workers with no
 signalling between them.
@@ -16,64 +17,15 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
-from webhook.capacity import GpuNode
+from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
 from webhook.errors import PolicyError
-from webhook.policy import DEFAULT_POLICY, Policy, parse_policy_text
 
 log = logging.getLogger("gpushare_webhook.policy")
 # prometheus-client reads this when first imported, to share counts between processes.
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """The GPU nodes a review is checked against, or None to use the policy's gpuMemory.
-
-    ``note`` says why the policy is used although nodes were asked for; it
-    becomes an AdmissionResponse warning on GPU pods.
-    """
-
-    nodes: Sequence[GpuNode] | None = None
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    """How the node watch is doing, for metrics and logs."""
-
-    watching: bool = False
-    tried: bool = False  # the first list has been answered, or has failed
-    synced: bool = False  # a full list has been read at least once
-    connected: bool = False  # the last call to the API succeeded
-    problem: str = ""
-    nodes: int = 0  # all nodes seen, GPU or not
-
-
-class NodeSource(Protocol):
-    def view(self, policy: Policy) -> NodeView:
-        """The nodes to check a pod against under ``policy``."""
-
-    def status(self) -> NodeStatus:
-        """The state of the source, for metrics."""
-
-
-@dataclass
-class NoNodes:
-    """Node watching is off: every pod is checked against the policy."""
-
-    def view(self, policy: Policy) -> NodeView:
-        return _NO_NODES
-
-    def status(self) -> NodeStatus:
-        return NodeStatus()
-
-
-_NO_NODES = NodeView()
 
 
 def read_policy_text(path: Path) -> str:

@@ -27,10 +27,9 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from webhook import tls
-from webhook.capacity import NodeFacts, gpu_nodes
+from webhook.decision.capacity import NodeFacts, NodeStatus, NodeView, gpu_nodes
+from webhook.decision.policy import Policy
 from webhook.errors import WebhookError
-from webhook.policy import Policy
-from webhook.runtime import NodeStatus, NodeView
 
 log = logging.getLogger("gpushare_webhook.nodes")
 

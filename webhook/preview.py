@@ -17,10 +17,10 @@ from typing import Any
 
 import jsonpatch
 
-from webhook.capacity import limits_for
-from webhook.patching import Op
-from webhook.planning import Decision, plan
-from webhook.policy import Policy
+from webhook.decision.capacity import limits_for
+from webhook.decision.patch import Op
+from webhook.decision.plan import Decision, plan
+from webhook.decision.policy import Policy
 
 # Where each kind keeps its pod template (None: the object is the pod).
 TEMPLATE_PATHS: dict[str, tuple[str, ...] | None] = {

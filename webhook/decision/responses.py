@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from webhook import patching
-from webhook.reviews import Response, Review
+from webhook.decision import patch as patching
+from webhook.decision.reviews import Response, Review
 
 # The apiserver truncates long warnings and stops at a total of 4 KiB;
 # staying under it keeps every warning whole.

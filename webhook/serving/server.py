@@ -37,7 +37,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
 from gunicorn.workers.gthread import ThreadWorker
 
-from webhook.tls import ReloadingContext, server_context
+from webhook.serving.context import ReloadingContext, server_context
 
 # gthread with SO_REUSEPORT: keep-alive connections from the apiserver are
 # spread over the workers by the kernel instead of piling onto one; requests
