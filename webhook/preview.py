@@ -18,7 +18,6 @@ from typing import Any
 import jsonpatch
 
 from webhook.decision.capacity import limits_for
-from webhook.decision.patch import Op
 from webhook.decision.plan import Decision, plan
 from webhook.decision.policy import Policy
 
@@ -43,7 +42,7 @@ class Preview:
     label: str
     document: Any
     decision: Decision | None = None
-    patch: list[Op] = field(default_factory=list)
+    patch: list[dict[str, Any]] = field(default_factory=list)  # JSON Patch ops, as JSON data
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -91,9 +90,9 @@ def preview(document: Any, policy: Policy, *, index: int = 1) -> Preview:
         limits=limits_for(spec if isinstance(spec, Mapping) else {}, policy, None),
     )
     result = Preview(label, document, decision)
-    if decision.allowed and decision.patch:
+    if decision.allowed and decision.ops:
         prefix = "".join(f"/{key}" for key in path or ())
-        ops: list[Op] = [{**op, "path": prefix + op["path"]} for op in decision.patch]
+        ops = [{**op, "path": prefix + op["path"]} for op in decision.patch]
         result.patch = ops
         result.document = jsonpatch.apply_patch(copy.deepcopy(document), ops)
     return result

@@ -47,21 +47,9 @@ class Result:
 
     def encode(self) -> bytes:
         """The body as compact JSON (ASCII: what has no UTF-8 form goes escaped)."""
-        body, response = self.body, self.body.get("response")
-        if not (
-            isinstance(body, dict)
-            and next(reversed(body)) == "response"
-            and isinstance(response, dict)
-            and isinstance(patch := response.get("patch"), str)
-        ):
-            return compact_json(body).encode("utf-8")
-        # NB: a patch is base64 ([A-Za-z0-9+/=]), which a JSON string holds as
-        # it is; the encoder would scan and copy its few KiB one character at
-        # a time, as long as encoding the rest of the answer. So the patch is
-        # put in last, after the rest is encoded: ...,"patch":"<base64>"}}
-        rest = {key: value for key, value in response.items() if key != "patch"}
-        head = compact_json({**body, "response": rest}).encode("utf-8")
-        return b'%s,"patch":"%s"}}' % (head[:-2], patch.encode("ascii"))
+        if self.status == 200 and not self.error and self.decision is not None:
+            return responses.encode(self.body)  # type: ignore[arg-type]
+        return compact_json(self.body).encode("ascii")
 
 
 def _is_pod(request: Request) -> bool:
@@ -163,4 +151,4 @@ def _respond(uid: str, decision: Decision) -> Any:
         )
     if decision.outcome == "untouched":
         return responses.allowed(uid)
-    return responses.patched(uid, decision.patch_json, warnings=decision.warnings, audit=audit)
+    return responses.patched(uid, decision.ops, warnings=decision.warnings, audit=audit)

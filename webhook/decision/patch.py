@@ -1,24 +1,24 @@
-"""RFC 6902 JSON Patch operations, written as JSON text while the decision is made.
+"""RFC 6902 JSON Patch operations as data, and the one place they become JSON.
 
-Owns JSON-Pointer escaping, the few operation shapes the webhook emits and
-how they are written. Building ops from what the planner decided costs
-microseconds; diffing whole pods with ``jsonpatch.make_patch`` costs about
-a millisecond per review and can emit moves and copies that are harder to
-audit.
+Owns JSON-Pointer escaping, the three operation shapes the webhook emits
+(add, replace, remove) and their encoding. Building ops from what the
+decision found costs microseconds; diffing whole pods with
+``jsonpatch.make_patch`` costs about a millisecond per review and can emit
+moves and copies that are harder to audit.
 
-NB: the patch is written as text, op by op, not built as dicts and then
-encoded: the json module spends about a microsecond on every op of a list
-(more than the planner spends deciding it), while most of an op's text is
-known in advance (the shim's mount and volume are the same for every pod)
-and the rest is a few names and values to quote. :class:`Writer` is the one
-place that text is made; ``Decision.patch`` reads it back as ops.
+The decision returns ops as :class:`Op` data; :func:`encode` turns them
+into the base64 JSON the apiserver wants, once, where the answer is made,
+and :func:`plain` into the dicts a JSON Patch library applies.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
-from typing import Any, Literal, NotRequired, TypedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
 
 # NB: everything the webhook writes as JSON is ASCII, with the rest escaped:
 # a review (its uid, a value the patch carries) or a policy may hold a lone
@@ -27,17 +27,46 @@ from typing import Any, Literal, NotRequired, TypedDict
 # What is encoded is trees built from parsed JSON, which have no cycles to
 # look for; the search costs a fifth of encoding a patch. Built once:
 # json.dumps with options makes a new encoder on every call.
-compact_json = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 sorted_ascii_json = json.JSONEncoder(
     separators=(",", ":"), check_circular=False, sort_keys=True
 ).encode
-string = json.encoder.encode_basestring_ascii  # a JSON string literal, quotes included
 
 
-class Op(TypedDict):
+compact_json = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
+
+class EnvVar(NamedTuple):
+    """One ``env`` entry with a plain value."""
+
+    name: str
+    value: str
+
+
+@dataclass(frozen=True, eq=False)
+class Fixed:
+    """A value that is the same in every patch of one policy (the shim's volume and mounts).
+
+    Made once per policy layout and shared by every patch, so it must not
+    be changed: :func:`plain` hands out copies. Its JSON is made the first
+    time a patch holding it is encoded, and kept with it.
+    """
+
+    data: Mapping[str, Any]
+
+    @functools.cached_property
+    def text(self) -> str:
+        return compact_json(self.data)
+
+
+Value = str | EnvVar | Fixed | list[Any] | Mapping[str, Any]
+
+
+class Op(NamedTuple):
+    """One JSON Patch operation; ``value`` is None only for "remove"."""
+
     op: Literal["add", "replace", "remove"]
     path: str
-    value: NotRequired[Any]  # every op but "remove"
+    value: Value | None = None
 
 
 def escape(token: str) -> str:
@@ -45,54 +74,65 @@ def escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def env_entry(name: str, value: str) -> str:
-    """``{"name": name, "value": value}`` as JSON text."""
-    return f'{{"name":{string(name)},"value":{string(value)}}}'
+def add(path: str, value: Value) -> Op:
+    return Op("add", path, value)
 
 
-def array(items: list[str]) -> str:
-    """A JSON array of values already written as JSON text."""
-    return f"[{','.join(items)}]"
+def replace(path: str, value: Value) -> Op:
+    return Op("replace", path, value)
 
 
-class Writer:
-    """A JSON Patch, op by op; every value is given as its JSON text."""
-
-    __slots__ = ("ops",)
-
-    def __init__(self) -> None:
-        self.ops: list[str] = []
-
-    def __len__(self) -> int:
-        return len(self.ops)
-
-    def add(self, path: str, value: str) -> None:
-        self.ops.append(f'{{"op":"add","path":{string(path)},"value":{value}}}')
-
-    def replace(self, path: str, value: str) -> None:
-        self.ops.append(f'{{"op":"replace","path":{string(path)},"value":{value}}}')
-
-    def remove(self, path: str) -> None:
-        self.ops.append(f'{{"op":"remove","path":{string(path)}}}')
-
-    def set_field(self, parent: dict[str, Any] | Any, key: str, base: str, value: str) -> None:
-        """Add ``key`` under ``base``, or replace it if the parent already has it."""
-        path = f"{base}/{escape(key)}"
-        if key in parent:
-            self.replace(path, value)
-        else:
-            self.add(path, value)
-
-    def text(self) -> str:
-        """The patch as a JSON array; "" when there is nothing to change."""
-        return array(self.ops) if self.ops else ""
+def remove(path: str) -> Op:
+    return Op("remove", path)
 
 
-def decode(text: str) -> tuple[Op, ...]:
-    """The ops of a patch written by :class:`Writer`."""
-    return tuple(json.loads(text)) if text else ()
+def set_field(parent: Mapping[str, Any], key: str, base: str, value: Value) -> Op:
+    """Add ``key`` under ``base``, or replace it if the parent already has it."""
+    path = f"{base}/{escape(key)}"
+    return Op("replace" if key in parent else "add", path, value)
 
 
-def encode(text: str) -> str:
+# NB: the ops are written here, not by one call of the json encoder over
+# dicts: it spends about a microsecond on every op (more than the decision
+# spends deciding it), while most of an op's text is a name, a path and a
+# value whose JSON is known (a Fixed value's) or two quoted strings.
+_string = json.encoder.encode_basestring_ascii  # a JSON string literal, quotes included
+
+
+def _value(value: Any) -> str:
+    kind = type(value)
+    if kind is str:
+        return _string(value)
+    if kind is EnvVar:
+        return f'{{"name":{_string(value.name)},"value":{_string(value.value)}}}'
+    if kind is Fixed:
+        return str(value.text)
+    if kind is list:
+        return f"[{','.join([_value(item) for item in value])}]"
+    return compact_json(value)
+
+
+def to_json(ops: Sequence[Op]) -> str:
+    """The patch as JSON text: an array of ops."""
+    return (
+        "["
+        + ",".join(
+            [
+                f'{{"op":"{op}","path":{_string(path)},"value":{_value(value)}}}'
+                if op != "remove"
+                else f'{{"op":"remove","path":{_string(path)}}}'
+                for op, path, value in ops
+            ]
+        )
+        + "]"
+    )
+
+
+def encode(ops: Sequence[Op]) -> str:
     """The patch as the apiserver wants it: base64 of the JSON array."""
-    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+    return base64.b64encode(to_json(ops).encode("ascii")).decode("ascii")
+
+
+def plain(ops: Sequence[Op]) -> tuple[dict[str, Any], ...]:
+    """The ops as plain JSON data, as a JSON Patch library or a person reads them."""
+    return tuple(json.loads(to_json(ops)))

@@ -1,0 +1,178 @@
+"""What each container of a GPU pod asks for: memory, GPUs and compute, read and checked.
+
+Owns turning a container's ``resources`` into a :class:`ContainerAsk`:
+requests must agree with limits (extended resources cannot be
+overcommitted), each quantity must be a whole count in the policy's unit,
+memory over several GPUs must split evenly, and an unset compute share
+takes the policy's default. Every problem is a QuantityError naming the
+container and the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from webhook.decision.capacity import GpuLimits
+from webhook.decision.fields import EMPTY, container_label, containers, label, mapping
+from webhook.decision.policy import Policy
+from webhook.decision.quantities import MemoryUnit, parse_quantity, plain_count, whole_count
+from webhook.errors import QuantityError
+
+
+class ContainerAsk(NamedTuple):
+    """What one container asked for, already validated.
+
+    A NamedTuple rather than a frozen dataclass: there is one per GPU
+    container of every pod, and a frozen dataclass costs three times as
+    much to make.
+    """
+
+    kind: str  # "containers" or "initContainers"
+    position: int  # in spec.<kind>
+    name: str
+    memory: int  # GPU memory per device, in the policy's unit
+    gpus: int
+    compute: int | None  # SM percentage to enforce, None for no limit
+
+    @property
+    def label(self) -> str:
+        return container_label(self.kind, self.name)
+
+
+def _resources(
+    container: Mapping[str, Any], kind: str, index: int
+) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """(limits, requests) of a container, each {} when absent."""
+    if container.get("resources") is None:  # no path to build (it is only for messages)
+        return EMPTY, EMPTY
+    path = f"spec.{kind}[{index}]"
+    resources = mapping(container, "resources", path=path)
+    limits = mapping(resources, "limits", path=f"{path}.resources", optional=True)
+    requests = mapping(resources, "requests", path=f"{path}.resources", optional=True)
+    return limits, requests
+
+
+def _resource(
+    limits: Mapping[str, Any],
+    requests: Mapping[str, Any],
+    kind: str,
+    container: Mapping[str, Any],
+    resource: str,
+) -> object | None:
+    """The limit of ``resource``, after checking requests agree with it."""
+    limit: object | None = limits.get(resource)
+    request: object | None = requests.get(resource)
+    if request is None:
+        return limit
+    who = label(kind, container)
+    if limit is None:
+        raise QuantityError(
+            f"{who} requests {resource}: {request!r} but sets no limit for it; extended "
+            f"resources must be set in resources.limits (requests may be left out): add "
+            f"limits.{resource}: {request!r}",
+            reason="request-without-limit",
+        )
+    if not _same_quantity(request, limit):
+        raise QuantityError(
+            f"{who} requests {resource}: {request!r} but limits it to {limit!r}; extended "
+            "resources cannot be overcommitted, so requests must equal limits: set both to "
+            f"{limit!r} (or drop the request)",
+            reason="request-differs",
+        )
+    return limit
+
+
+def _same_quantity(a: object, b: object) -> bool:
+    if a == b:
+        return True  # the usual case, "4" and "4"; if malformed, reading the limit says so
+    try:
+        return parse_quantity(a).value == parse_quantity(b).value
+    except QuantityError:
+        return str(a) == str(b)  # the malformed one is reported when the limit is read
+
+
+def collect_asks(spec: Mapping[str, Any], policy: Policy, limits: GpuLimits) -> list[ContainerAsk]:
+    asks = []
+    unit = policy.memory_unit
+    memory_name = policy.resource_name
+    compute_name = policy.compute.resource_name
+    count_name = policy.multi_gpu.resource_name
+    for kind, index, container in containers(spec):
+        limits_, requests = _resources(container, kind, index)
+        memory_raw = _resource(limits_, requests, kind, container, memory_name)
+        compute_raw = _resource(limits_, requests, kind, container, compute_name)
+        count_raw = _resource(limits_, requests, kind, container, count_name)
+        if memory_raw is None:
+            extra = compute_name if compute_raw is not None else None
+            extra = extra or (count_name if count_raw is not None else None)
+            if extra:
+                raise QuantityError(
+                    f"{label(kind, container)} asks {extra} but no {memory_name}; a GPU share "
+                    f"needs its memory too: add limits.{memory_name}",
+                    reason="share-without-memory",
+                )
+            continue
+        memory = _count(memory_raw, kind, container, memory_name, unit_word=unit, byte_unit=unit)
+        gpus = 1
+        if count_raw is not None:
+            gpus = _count(count_raw, kind, container, count_name, unit_word="GPUs")
+            memory = _per_device_memory(memory, gpus, label(kind, container), policy)
+        compute: int | None
+        if compute_raw is not None:
+            compute = _count(
+                compute_raw, kind, container, compute_name, unit_word="percent", maximum=100
+            )
+        else:
+            compute = _default_compute(memory, policy, limits)
+        asks.append(ContainerAsk(kind, index, str(container.get("name")), memory, gpus, compute))
+    return asks
+
+
+def _count(
+    raw: object,
+    kind: str,
+    container: Mapping[str, Any],
+    resource: str,
+    *,
+    unit_word: str,
+    maximum: int | None = None,
+    byte_unit: MemoryUnit | None = None,
+) -> int:
+    """A container's limit as a whole count (see whole_count).
+
+    NB: the usual plain "4" is taken as it is, before the container's label
+    for a message is built: on the accepted path the label would cost more
+    than the check.
+    """
+    return plain_count(raw, maximum) or whole_count(
+        raw,
+        what=f"{label(kind, container)} limit {resource}",
+        unit_word=unit_word,
+        maximum=maximum,
+        byte_unit=byte_unit,
+    )
+
+
+def _per_device_memory(memory: int, gpus: int, who: str, policy: Policy) -> int:
+    if gpus == 1 or policy.multi_gpu.memory == "perDevice":
+        return memory
+    if memory % gpus:
+        low = memory - memory % gpus
+        raise QuantityError(
+            f"{who} asks {memory} {policy.memory_unit} of {policy.resource_name} over {gpus} "
+            f"GPUs, which does not split evenly (each GPU gives the same share); ask a multiple "
+            f"of {gpus}, such as {low or gpus} or {low + gpus}",
+            reason="uneven-split",
+        )
+    return memory // gpus
+
+
+def _default_compute(memory: int, policy: Policy, limits: GpuLimits) -> int | None:
+    default = policy.compute.default
+    if default == "none":
+        return None
+    if default == "proportional":
+        largest = max(limits.largest_gpu, 1)
+        return min(100, max(1, -(-memory * 100 // largest)))
+    return default

@@ -1,0 +1,237 @@
+"""Confinement: every reason a GPU pod is refused, checked before any op is built.
+
+Owns the rules that keep a GPU-memory pod inside its share: where it may be
+placed (the GPU-share scheduler, no nodeName), what it may not do because
+it would reach past the shim (hostPID, privileged, admin capabilities,
+NVIDIA_VISIBLE_DEVICES), whether its asks can fit one GPU at all, and what
+of the pod the webhook's own volume, mounts and LD_PRELOAD must not meet.
+Each check raises a PodError (or ShapeError) whose message names the field
+and the fix; none returns a patch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from webhook.decision.asks import ContainerAsk
+from webhook.decision.capacity import GpuLimits
+from webhook.decision.fields import CONTAINER_KINDS, each_container, label, listed, mapping
+from webhook.decision.layout import PRELOAD, VOLUME_NAME, Layout
+from webhook.decision.policy import Policy, overlaps
+from webhook.errors import PodError, ShapeError
+
+DEFAULT_SCHEDULER = "default-scheduler"
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+# NVIDIA's container runtime hides every GPU for these values.
+_NO_DEVICES = {"", "none", "void"}
+_ADMIN_CAPABILITIES = {"SYS_ADMIN", "CAP_SYS_ADMIN", "ALL"}
+
+
+def check_placement(spec: Mapping[str, Any], policy: Policy) -> None:
+    node_name = spec.get("nodeName")
+    if node_name:
+        raise PodError(
+            f"spec.nodeName is set to {node_name!r}: a pod bound to a node skips "
+            f"{policy.scheduler_name}, so no GPU would be assigned to it; remove spec.nodeName "
+            "and use a nodeSelector or node affinity to choose the node",
+            reason="node-name",
+        )
+    scheduler = spec.get("schedulerName")
+    if scheduler not in (None, "", DEFAULT_SCHEDULER, policy.scheduler_name):
+        raise PodError(
+            f"spec.schedulerName is {scheduler!r}, but pods that ask for "
+            f"{policy.resource_name} must be placed by {policy.scheduler_name!r}, which "
+            "tracks GPU memory per card; remove spec.schedulerName or set it to "
+            f"{policy.scheduler_name!r}",
+            reason="scheduler-name",
+        )
+
+
+def check_confinement(spec: Mapping[str, Any], policy: Policy) -> None:
+    if policy.security.reject_privileged and spec.get("hostPID") is True:
+        raise PodError(
+            "spec.hostPID is true: a GPU-memory pod that shares the node's process namespace "
+            "can reach other pods' GPU processes and memory; remove hostPID",
+            reason="host-pid",
+        )
+    for kind, container in each_container(spec, CONTAINER_KINDS):
+        check_privilege(container, kind, policy)
+        check_visible_devices(container, kind, policy)
+
+
+def check_privilege(container: Mapping[str, Any], kind: str, policy: Policy) -> None:
+    if not policy.security.reject_privileged:
+        return
+    context = container.get("securityContext")
+    if not isinstance(context, dict):
+        return
+    if context.get("privileged") is True:
+        raise PodError(
+            f"{label(kind, container)} sets securityContext.privileged: true; a privileged "
+            "container sees every GPU of the node, past the device cgroup and the GPU shim's "
+            "limit, in a GPU-memory pod: remove privileged",
+            reason="privileged",
+        )
+    capabilities = context.get("capabilities")
+    added = capabilities.get("add") if isinstance(capabilities, dict) else None
+    if isinstance(added, list):
+        bad = sorted({str(c) for c in added} & _ADMIN_CAPABILITIES)
+        if bad:
+            raise PodError(
+                f"{label(kind, container)} adds capability {bad[0]} "
+                "(securityContext.capabilities.add); with it a process can remount the GPU shim "
+                f"away or reach other GPUs in a GPU-memory pod: remove {bad[0]}",
+                reason="sys-admin",
+            )
+
+
+def check_visible_devices(container: Mapping[str, Any], kind: str, policy: Policy) -> None:
+    if not policy.security.reject_visible_devices:
+        return
+    env = container.get("env")
+    if not isinstance(env, list):
+        return
+    for index, entry in enumerate(env):
+        if not isinstance(entry, dict) or entry.get("name") != VISIBLE_DEVICES:
+            continue
+        value = entry.get("value")
+        if "valueFrom" not in entry and (value is None or str(value).strip() in _NO_DEVICES):
+            continue
+        shown = "(valueFrom)" if "valueFrom" in entry else repr(value)
+        raise PodError(
+            f"{label(kind, container)} sets {VISIBLE_DEVICES} to {shown} (env[{index}]); the "
+            "NVIDIA runtime would hand it those GPUs with no memory limit. GPUs come from the "
+            f"device plugin: remove the variable and ask for {policy.resource_name}",
+            reason="visible-devices",
+        )
+
+
+def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits) -> int:
+    """The GPU memory the pod holds on its GPU, once it is sure to fit one."""
+    unit = policy.memory_unit
+    # Init containers run one at a time before the app containers, which run
+    # together: the GPU must hold the larger of the two phases.
+    app_total = init_largest = compute_total = 0
+    for ask in asks:
+        if ask.kind == "containers":
+            app_total += ask.memory
+            compute_total += ask.compute or 0
+        elif ask.memory > init_largest:
+            init_largest = ask.memory
+        if ask.memory > limits.largest_gpu:
+            raise PodError(
+                f"{ask.label} asks {ask.memory} {unit} of {policy.resource_name} per GPU, but "
+                f"{limits.describe(unit)}: the pod could never be scheduled; ask at most "
+                f"{limits.largest_gpu}",
+                reason="exceeds-gpu",
+            )
+        if ask.gpus > limits.max_gpus:
+            raise PodError(
+                f"{ask.label} asks {ask.gpus} GPUs, but the largest GPU node has "
+                f"{limits.max_gpus} ({limits.gpus_source}); ask at most {limits.max_gpus}",
+                reason="too-many-gpus",
+            )
+    demand = max(app_total, init_largest)
+    if demand > limits.largest_gpu:
+        parts = ", ".join(f"{a.name}={a.memory}" for a in asks if a.kind == "containers")
+        raise PodError(
+            f"the pod's containers together ask {demand} {unit} of {policy.resource_name} "
+            f"({parts}), and they share one GPU, but {limits.describe(unit)}; lower the requests "
+            "or split the pod so its containers fit one GPU",
+            reason="exceeds-gpu",
+        )
+    if compute_total > 100:
+        parts = ", ".join(
+            f"{a.name}={a.compute}" for a in asks if a.kind == "containers" and a.compute
+        )
+        raise PodError(
+            f"the pod's containers together ask {compute_total}% of one GPU's compute "
+            f"({policy.compute.resource_name}: {parts}), more than the 100% a GPU has; lower "
+            "them so they add up to 100 or less",
+            reason="exceeds-compute",
+        )
+    return demand
+
+
+def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout) -> None:
+    """The pod's own volumes: none may take the shim's name or mount the shim's host path."""
+    for index, volume in enumerate(listed(spec, "volumes", "spec")):
+        if not isinstance(volume, dict):
+            raise ShapeError(f"spec.volumes[{index}]", "a volume object", volume)
+        if volume.get("name") == VOLUME_NAME:
+            if volume == layout.volume.data:
+                continue  # ours, from an earlier review
+            raise PodError(
+                f"spec.volumes[{index}] is named {VOLUME_NAME!r}, a name the webhook reserves for "
+                "the GPU shim; rename the volume",
+                reason="reserved-volume",
+            )
+        host = volume.get("hostPath")
+        if isinstance(host, dict) and overlaps(str(host.get("path", "")), policy.shim.host_path):
+            raise PodError(
+                f"spec.volumes[{index}] ({volume.get('name')!r}) mounts host path "
+                f"{host.get('path')!r}, which holds the GPU shim; a GPU pod may not mount it "
+                "itself: remove the volume",
+                reason="shim-host-path",
+            )
+
+
+def mount_key(mount: Mapping[str, Any]) -> str:
+    """A mount's path with one trailing slash, as the layout's paths are written."""
+    path = mount.get("mountPath", "")
+    return (path if type(path) is str else str(path)).rstrip("/") + "/"
+
+
+def check_mounts(
+    container: Mapping[str, Any], base: str, ask: ContainerAsk, policy: Policy, layout: Layout
+) -> None:
+    """No mount of the container may replace or hide the shim, nor mount its volume elsewhere."""
+    wanted, shim_dir = layout.mount_paths, layout.mount_dir
+    ours: set[str] = set()
+    for index, mount in enumerate(listed(container, "volumeMounts", base)):
+        if not isinstance(mount, dict):
+            raise ShapeError(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
+        path = mount_key(mount)
+        name = mount.get("name")
+        if name == VOLUME_NAME and path in wanted and path not in ours:
+            ours.add(path)
+        elif name == VOLUME_NAME:
+            raise PodError(
+                f"{ask.label} mounts the webhook's volume {VOLUME_NAME!r} at "
+                f"{mount.get('mountPath')!r}; the shim may only be mounted read-only at "
+                f"{policy.shim.mount_path}: remove that mount",
+                reason="shim-mount",
+            )
+        elif path.startswith(shim_dir):
+            raise PodError(
+                f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
+                "webhook mounts the GPU shim; it would replace the shim and escape its limit: "
+                f"mount it somewhere outside {policy.shim.mount_path}",
+                reason="shim-mount",
+            )
+        elif path in wanted:
+            raise PodError(
+                f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
+                "webhook puts the list of preloaded libraries; it would drop the GPU shim: "
+                "remove that mount",
+                reason="shim-mount",
+            )
+
+
+def check_env(container: Mapping[str, Any], base: str, ask: ContainerAsk) -> None:
+    """Every env entry has a string name, and LD_PRELOAD a value the webhook can read."""
+    for index, entry in enumerate(listed(container, "env", base)):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if type(name) is not str:
+            raise ShapeError(f"{ask.label} env[{index}]", "an object with a string name", entry)
+        if name == PRELOAD and "valueFrom" in entry:
+            raise PodError(
+                f"{ask.label} sets {PRELOAD} with valueFrom; the webhook must know its value "
+                "to put the GPU shim first: set it with a plain value",
+                reason="preload-value-from",
+            )
+
+
+def check_annotations(metadata: Mapping[str, Any]) -> None:
+    mapping(metadata, "annotations", path="metadata", optional=True)

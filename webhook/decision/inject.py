@@ -1,0 +1,186 @@
+"""Injection: the ops that schedule, mount, preload and limit a GPU pod that passed the checks.
+
+Owns what the webhook adds to a pod: the scheduler name, the shim's
+volume, its read-only mounts in each GPU container, the limit variables
+and LD_PRELOAD in each GPU container's env, and the status annotation.
+Every function returns ops as data (``webhook.decision.patch.Op``) and only
+what differs from the pod, so a pod the webhook already shaped gets no op
+at all. The pod's shapes have been checked (``checks``) before it runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from webhook.decision import patch
+from webhook.decision.asks import ContainerAsk
+from webhook.decision.checks import mount_key
+from webhook.decision.layout import PRELOAD, STATUS_ANNOTATION, VOLUME_NAME, Layout
+from webhook.decision.patch import EnvVar, Op
+from webhook.decision.policy import Policy
+
+
+def scheduler_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
+    if spec.get("schedulerName") == policy.scheduler_name:
+        return []
+    return [patch.set_field(spec, "schedulerName", "/spec", policy.scheduler_name)]
+
+
+def volume_ops(spec: Mapping[str, Any], layout: Layout) -> list[Op]:
+    volumes = spec.get("volumes")
+    if volumes is None:
+        return [patch.set_field(spec, "volumes", "/spec", [layout.volume])]
+    if any(volume.get("name") == VOLUME_NAME for volume in volumes):
+        return []  # ours (checks refused any other volume of that name)
+    return [patch.add("/spec/volumes/-", layout.volume)]
+
+
+def mount_ops(container: Mapping[str, Any], base: str, layout: Layout) -> list[Op]:
+    mounts = container.get("volumeMounts")
+    if mounts is None:
+        entries = [mount.entry for mount in layout.mounts]
+        return [patch.set_field(container, "volumeMounts", base, entries)]
+    ours: dict[str, int] = {}
+    for index, mount in enumerate(mounts):
+        if mount.get("name") == VOLUME_NAME:
+            ours.setdefault(mount_key(mount), index)
+    ops: list[Op] = []
+    missing: list[Op] = []
+    for path, entry in layout.mounts:
+        if path not in ours:
+            missing.append(patch.add(f"{base}/volumeMounts/-", entry))
+        elif mounts[ours[path]] != entry.data:
+            ops.append(patch.replace(f"{base}/volumeMounts/{ours[path]}", entry))
+    return ops + missing
+
+
+def limit_env(ask: ContainerAsk, layout: Layout) -> dict[str, str]:
+    """The limit variables of one container, by name, as the shim reads them."""
+    mib = f"{ask.memory * layout.mib_per_unit}m"
+    wanted = {layout.memory_limit: mib}
+    if ask.gpus > 1:
+        # HAMi-core reads one limit per visible device, index by index.
+        for device in range(ask.gpus):
+            wanted[f"{layout.memory_limit}_{device}"] = mib
+    if ask.compute is not None:
+        wanted[layout.sm_limit] = str(ask.compute)
+    return wanted
+
+
+def env_ops(
+    container: Mapping[str, Any],
+    base: str,
+    ask: ContainerAsk,
+    layout: Layout,
+    warnings: list[str],
+) -> list[Op]:
+    """Ops that leave the container's env as the shim needs it, and nothing else changed.
+
+    The limit variables and LD_PRELOAD are set where the container has them
+    (its first entry of each) or appended; later duplicates, which the
+    kubelet would let win, and per-device variants that would override the
+    limit are removed. Entries are addressed by index: replacements first,
+    then removals from the highest index down, so no op shifts another's
+    target; appends last.
+    """
+    wanted = limit_env(ask, layout)
+    env = container.get("env")
+    if env is None:
+        entries = [_entry(name, value) for name, value in wanted.items()]
+        entries.append(_entry(PRELOAD, layout.preload))
+        return [patch.set_field(container, "env", base, entries)]
+    prefixes = (layout.memory_limit, layout.sm_limit)
+    replaced: list[tuple[int, str, str]] = []  # (index, name, value)
+    removed: list[int] = []
+    seen: set[str] = set()
+    preload_at = -1
+    user_preload = ""
+    for index, entry in enumerate(env):
+        name = entry["name"]
+        if name == PRELOAD:
+            # The kubelet keeps the last entry; the shim goes first in its value,
+            # at the place of the first entry, the only one left.
+            user_preload = str(entry.get("value") or "")
+            if preload_at >= 0:
+                warnings.append(f"{ask.label}: removed a second {name} entry")
+                removed.append(index)
+            else:
+                preload_at = index
+        elif name in wanted:
+            if name in seen:
+                # A later duplicate would win over ours: the kubelet keeps the last one.
+                warnings.append(f"{ask.label}: removed a second {name} entry")
+                removed.append(index)
+                continue
+            seen.add(name)
+            value = wanted[name]
+            if entry.get("value") != value or "valueFrom" in entry:
+                warnings.append(
+                    f"{ask.label}: {name} was set to {entry.get('value', '(valueFrom)')!r}; "
+                    f"the webhook set it to {value!r}, what the container asked for"
+                )
+            if len(entry) != 2 or entry.get("value") != value:
+                replaced.append((index, name, value))
+        elif name.startswith(prefixes) and layout.shadow.fullmatch(name):
+            warnings.append(
+                f"{ask.label}: removed {name}, which would override the limit the webhook sets"
+            )
+            removed.append(index)
+    preload = _preload(user_preload, layout.preload)
+    if preload_at >= 0 and env[preload_at] != {"name": PRELOAD, "value": preload}:
+        replaced.append((preload_at, PRELOAD, preload))
+        replaced.sort()  # by index: no two entries share one
+    ops = [patch.replace(f"{base}/env/{i}", _entry(name, value)) for i, name, value in replaced]
+    ops += [patch.remove(f"{base}/env/{index}") for index in reversed(removed)]
+    ops += [
+        patch.add(f"{base}/env/-", _entry(name, value))
+        for name, value in wanted.items()
+        if name not in seen
+    ]
+    if preload_at < 0:
+        ops.append(patch.add(f"{base}/env/-", _entry(PRELOAD, preload)))
+    return ops
+
+
+_entry = EnvVar
+
+
+@functools.lru_cache(maxsize=256)
+def _preload(user_value: str, shim: str) -> str:
+    """LD_PRELOAD with the shim first, then the user's libraries (the shim once)."""
+    # ld.so splits LD_PRELOAD on spaces and colons alike.
+    others = [item for item in re.split(r"[:\s]+", user_value) if item and item != shim]
+    return ":".join([shim, *others])
+
+
+def annotation_ops(
+    metadata: Mapping[str, Any], asks: list[ContainerAsk], policy: Policy, demand: int
+) -> list[Op]:
+    """The status annotation: what the webhook set, for people and for ``report``-like tools."""
+    containers: dict[str, dict[str, Any]] = {}
+    for ask in asks:
+        entry: dict[str, Any] = {"memory": f"{ask.memory * policy.mib_per_unit}m"}
+        if ask.gpus > 1:
+            entry["gpus"] = ask.gpus
+        if ask.compute is not None:
+            entry["compute"] = ask.compute
+        containers[ask.name] = entry
+    record = {
+        "scheduler": policy.scheduler_name,
+        "shim": policy.shim.preload,
+        "demand": f"{demand}{policy.memory_unit}",
+        "containers": containers,
+    }
+    value = patch.sorted_ascii_json(record)  # the annotation's value is a string of JSON
+    annotations = metadata.get("annotations")
+    if annotations is None:
+        ours = {STATUS_ANNOTATION: value}
+        if not metadata:
+            return [patch.add("/metadata", {"annotations": ours})]
+        return [patch.add("/metadata/annotations", ours)]
+    if annotations.get(STATUS_ANNOTATION) == value:
+        return []
+    return [patch.set_field(annotations, STATUS_ANNOTATION, "/metadata/annotations", value)]
