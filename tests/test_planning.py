@@ -203,6 +203,19 @@ def test_shim_mount_that_is_writable_is_made_read_only() -> None:
             ),
             "shim-host-path",
         ),
+        (  # the webhook's own volume (a re-review) does not end the check of the rest
+            pod(
+                container(gpu="1"),
+                volumes=[
+                    {
+                        "name": "gpushare-shim",
+                        "hostPath": {"path": "/usr/local/vgpu", "type": "Directory"},
+                    },
+                    {"name": "h", "hostPath": {"path": "/usr/local/vgpu"}},
+                ],
+            ),
+            "shim-host-path",
+        ),
         (pod(container(gpu="1", env="A=B")), "malformed-object"),
         (pod(container(gpu="1", env=[{"value": "x"}])), "malformed-object"),
         (pod(container(gpu="1", volumeMounts={"a": 1})), "malformed-object"),
@@ -227,6 +240,7 @@ def test_shim_mount_that_is_writable_is_made_read_only() -> None:
         "shim-volume-elsewhere",
         "host-parent",
         "host-same",
+        "host-after-own-volume",
         "env-string",
         "env-no-name",
         "mounts-dict",
