@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.serving.server import BUFFER_LIMIT, BufferingWorker, _Reading
+from webhook.serving.worker import BUFFER_LIMIT, BufferingWorker, _Reading
 
 HEAD = b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
 
