@@ -53,11 +53,19 @@ def free_port() -> int:
 
 
 def wait_ready(
-    port: int, context: ssl.SSLContext, deadline: float, host: str = "localhost"
+    port: int,
+    context: ssl.SSLContext,
+    deadline: float,
+    host: str = "localhost",
+    proc: subprocess.Popen[bytes] | None = None,
 ) -> float:
     start = time.monotonic()
     body = review(gpu_pod(1, rng=__import__("random").Random(1)), "ready")
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            said = _said(proc)
+            last = said.splitlines()[-1] if said else "no output"
+            raise RuntimeError(f"server on {port} exited with {proc.returncode}: {last}")
         try:
             conn = http.client.HTTPSConnection(host, port, context=context, timeout=5)
             conn.request("POST", "/mutate", body, {"Content-Type": "application/json"})
@@ -69,12 +77,24 @@ def wait_ready(
     raise RuntimeError(f"server on {port} never answered")
 
 
+def _said(proc: subprocess.Popen[bytes]) -> str:
+    log = proc.stderr
+    if log is None:
+        return ""
+    log.seek(0)
+    return log.read().decode(errors="replace").strip()
+
+
 def start(
     cmd: list[str], port: int, context: ssl.SSLContext, host: str = "localhost"
 ) -> tuple[subprocess.Popen[bytes], float]:
     began = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-    wait_ready(port, context, began + 60, host)
+    # stderr goes to a file, read only to say why a server never came up (a
+    # pipe nobody reads would stall a server that logs every admission).
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (it lives as long as the server)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT)
+    proc.stderr = log  # type: ignore[assignment]
+    wait_ready(port, context, began + 60, host, proc)
     return proc, time.monotonic() - began
 
 
@@ -299,7 +319,8 @@ def main() -> int:
         floor, _ = start(
             [
                 sys.executable,
-                str(ROOT / "bench" / "floor.py"),
+                "-m",
+                "bench.floor",
                 "--bind",
                 f"127.0.0.1:{fport}",
                 *pair,
