@@ -93,7 +93,7 @@ def start(
     # pipe nobody reads would stall a server that logs every admission).
     log = tempfile.TemporaryFile()  # noqa: SIM115 (it lives as long as the server)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT)
-    proc.stderr = log  # type: ignore[assignment]
+    proc.stderr = log
     wait_ready(port, context, began + 60, host, proc)
     return proc, time.monotonic() - began
 

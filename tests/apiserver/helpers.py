@@ -112,7 +112,7 @@ def delete_pod(api: client.ApiClient, namespace: str, name: str) -> None:
         try:
             core.read_namespaced_pod(name, namespace)
         except ApiException as error:
-            return error.status == 404
+            return bool(error.status == 404)
         return False
 
     eventually(gone)
