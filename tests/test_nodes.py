@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers import eventually
 from tests.kubeapi import FakeApi, serve
-from webhook.cluster import kube
+from webhook.cluster import kube, nodes
 from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node
 from webhook.decision.policy import DEFAULT_POLICY, parse_policy
 
@@ -61,9 +61,9 @@ def cluster(tmp_path: Path) -> Iterator[tuple[FakeApi, Path]]:
 
 
 @pytest.fixture
-def watcher(cluster: tuple[FakeApi, Path]) -> Iterator[kube.NodeWatcher]:
+def watcher(cluster: tuple[FakeApi, Path]) -> Iterator[nodes.NodeWatcher]:
     _, kubeconfig = cluster
-    running = kube.NodeWatcher(
+    running = nodes.NodeWatcher(
         lambda: kube.api_client(str(kubeconfig)),
         watch_timeout=2,
         request_timeout=2,
@@ -73,19 +73,19 @@ def watcher(cluster: tuple[FakeApi, Path]) -> Iterator[kube.NodeWatcher]:
     running.stop()
 
 
-def start_with_one_node(api: FakeApi, watcher: kube.NodeWatcher) -> None:
+def start_with_one_node(api: FakeApi, watcher: nodes.NodeWatcher) -> None:
     """Node "a" with one 24 GiB GPU, listed by a started watcher."""
     api.put_node("a", memory=24, count=1)
     watcher.start()
     eventually(lambda: sizes(watcher) == {"a": 24})
 
 
-def sizes(watcher: kube.NodeWatcher) -> dict[str, int]:
+def sizes(watcher: nodes.NodeWatcher) -> dict[str, int]:
     return {n.name: n.gpu_memory for n in watcher.view(DEFAULT_POLICY).nodes or ()}
 
 
 def test_a_broken_watch_resumes_without_a_new_list(
-    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
+    cluster: tuple[FakeApi, Path], watcher: nodes.NodeWatcher
 ) -> None:
     api, _ = cluster
     start_with_one_node(api, watcher)
@@ -102,7 +102,7 @@ def test_unreachable_api_falls_back_to_the_policy_and_says_why(tmp_path: Path) -
     with serve(tmp_path) as (_, path):
         kubeconfig.write_text(path.read_text())
     # The server is gone now: nothing listens on its port.
-    watcher = kube.NodeWatcher(
+    watcher = nodes.NodeWatcher(
         lambda: kube.api_client(str(kubeconfig)), request_timeout=1, backoff=(0.05, 0.1)
     )
     watcher.start()
@@ -119,7 +119,7 @@ def test_unreachable_api_falls_back_to_the_policy_and_says_why(tmp_path: Path) -
 
 
 def test_errors_keep_the_last_known_nodes_then_recover(
-    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
+    cluster: tuple[FakeApi, Path], watcher: nodes.NodeWatcher
 ) -> None:
     api, _ = cluster
     start_with_one_node(api, watcher)
@@ -136,7 +136,7 @@ def test_errors_keep_the_last_known_nodes_then_recover(
 
 
 def test_a_slow_api_does_not_block_reviews(
-    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
+    cluster: tuple[FakeApi, Path], watcher: nodes.NodeWatcher
 ) -> None:
     api, _ = cluster
     api.put_node("a", memory=24, count=1)
@@ -153,7 +153,7 @@ def test_a_slow_api_does_not_block_reviews(
 
 
 def test_start_and_wait_gives_up_on_a_silent_api(
-    cluster: tuple[FakeApi, Path], watcher: kube.NodeWatcher
+    cluster: tuple[FakeApi, Path], watcher: nodes.NodeWatcher
 ) -> None:
     api, _ = cluster
     api.delay = 1.5  # slower than the wait below, faster than the client's timeout

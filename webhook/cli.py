@@ -215,11 +215,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     start_in_worker: Callable[[], None] | None = None
     if args.watch_nodes:
         from webhook.cluster import kube
+        from webhook.cluster import nodes as node_watch
 
         # Credentials are checked here, so a missing token stops start-up with
         # a clear error; each worker makes its own client and watch after fork.
         kube.api_client(args.kubeconfig, args.context)
-        watcher = kube.NodeWatcher(lambda: kube.api_client(args.kubeconfig, args.context))
+        watcher = node_watch.NodeWatcher(lambda: kube.api_client(args.kubeconfig, args.context))
         nodes, start_in_worker = watcher, watcher.start_and_wait
     owned_dir: Path | None = None
     state = State(policy=source, nodes=nodes, ready=_readiness(host, int(port), nodes))
@@ -404,11 +405,12 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_certs_install(args: argparse.Namespace) -> int:
-    from webhook.cluster import kube
+    from webhook.cluster import certs, kube
+    from webhook.errors import KubeError
 
     try:
         api = kube.api_client(args.kubeconfig, args.context)
-        report = kube.install_certificates(
+        report = certs.install_certificates(
             api,
             namespace=args.namespace,
             secret=args.secret,
@@ -420,7 +422,7 @@ def cmd_certs_install(args: argparse.Namespace) -> int:
             renew_before=args.renew_before,
             key_type=args.key_type,
         )
-    except kube.KubeError as error:
+    except KubeError as error:
         print(f"gpushare-webhook: {error}", file=sys.stderr)
         return EXIT_REJECTED
     print(

@@ -9,7 +9,8 @@ The hierarchy::
     │   ├── QuantityError        a resource quantity is malformed or out of range
     │   └── ShapeError           a field of the object has the wrong JSON type
     ├── InputError               the offline CLI cannot read its input (exit 2)
-    └── CertificateError         a certificate or key is missing, expired or mismatched
+    ├── CertificateError         a certificate or key is missing, expired or mismatched
+    └── KubeError                the Kubernetes API refused a call or cannot be reached
 
 Messages are written for the person who will read them in ``kubectl`` output
 or a log line: they name the object, the field, the value and the fix.
@@ -68,6 +69,10 @@ class InputError(WebhookError):
 
 class CertificateError(WebhookError):
     """A certificate or key file is missing, unreadable, expired or does not match."""
+
+
+class KubeError(WebhookError):
+    """The Kubernetes API refused or could not be reached; the message says what to fix."""
 
 
 def _json_type(value: object) -> str:

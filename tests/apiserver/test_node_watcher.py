@@ -16,13 +16,13 @@ import pytest
 from tests.apiserver.helpers import delete_nodes, put_node
 from tests.controlplane.install import Installed, service_account_kubeconfig
 from tests.helpers import eventually
-from webhook.cluster import kube
+from webhook.cluster import kube, nodes
 from webhook.decision.capacity import limits_for
 from webhook.decision.policy import DEFAULT_POLICY as GIB
 
 
-def start(kubeconfig: Path) -> kube.NodeWatcher:
-    return kube.NodeWatcher(
+def start(kubeconfig: Path) -> nodes.NodeWatcher:
+    return nodes.NodeWatcher(
         lambda: kube.api_client(str(kubeconfig)),
         watch_timeout=5,
         request_timeout=5,
@@ -31,19 +31,19 @@ def start(kubeconfig: Path) -> kube.NodeWatcher:
 
 
 @pytest.fixture
-def watcher(installed: Installed) -> Iterator[kube.NodeWatcher]:
+def watcher(installed: Installed) -> Iterator[nodes.NodeWatcher]:
     running = start(installed.webhook_kubeconfig)
     yield running
     running.stop()
     delete_nodes(installed.api)
 
 
-def sizes(watcher: kube.NodeWatcher) -> dict[str, int]:
+def sizes(watcher: nodes.NodeWatcher) -> dict[str, int]:
     return {n.name: n.gpu_memory for n in watcher.view(GIB).nodes or ()}
 
 
 def test_lists_then_follows_added_modified_and_deleted_nodes(
-    installed: Installed, watcher: kube.NodeWatcher
+    installed: Installed, watcher: nodes.NodeWatcher
 ) -> None:
     api = installed.api
     put_node(api, "a", memory=48, count=2)
@@ -62,7 +62,7 @@ def test_lists_then_follows_added_modified_and_deleted_nodes(
 
 
 def test_a_watch_from_a_compacted_revision_lists_again(
-    installed: Installed, watcher: kube.NodeWatcher
+    installed: Installed, watcher: nodes.NodeWatcher
 ) -> None:
     """etcd compacted past the watch, the API server restarted: 410 Gone, then a new list."""
     api, plane = installed.api, installed.plane
@@ -79,7 +79,7 @@ def test_a_watch_from_a_compacted_revision_lists_again(
 
 
 def test_no_gpu_node_falls_back_to_the_policy(
-    installed: Installed, watcher: kube.NodeWatcher
+    installed: Installed, watcher: nodes.NodeWatcher
 ) -> None:
     put_node(installed.api, "cpu", memory=0, count=0)
     watcher.start()
@@ -104,7 +104,7 @@ def test_forbidden_names_the_missing_permission(installed: Installed) -> None:
 
 
 def test_limits_narrow_to_the_pool_a_pod_selects(
-    installed: Installed, watcher: kube.NodeWatcher
+    installed: Installed, watcher: nodes.NodeWatcher
 ) -> None:
     api = installed.api
     put_node(api, "t4-1", memory=16, count=1, labels={"pool": "t4"})
@@ -112,15 +112,15 @@ def test_limits_narrow_to_the_pool_a_pod_selects(
     put_node(api, "a100-2", memory=160, count=2, labels={"pool": "a100"})
     watcher.start()
     eventually(lambda: len(sizes(watcher)) == 3)
-    nodes = watcher.view(GIB).nodes
-    everywhere = limits_for({}, GIB, nodes)
+    known = watcher.view(GIB).nodes
+    everywhere = limits_for({}, GIB, known)
     assert (everywhere.largest_gpu, everywhere.nodes_with_largest) == (80, 2)
-    t4 = limits_for({"nodeSelector": {"pool": "t4"}}, GIB, nodes)
+    t4 = limits_for({"nodeSelector": {"pool": "t4"}}, GIB, known)
     assert (t4.largest_gpu, t4.nodes_with_largest) == (16, 1)
 
 
 def test_start_and_wait_returns_once_the_first_list_is_in(
-    installed: Installed, watcher: kube.NodeWatcher
+    installed: Installed, watcher: nodes.NodeWatcher
 ) -> None:
     put_node(installed.api, "a", memory=24, count=1)
     watcher.start_and_wait(timeout=10)

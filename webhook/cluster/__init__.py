@@ -1,8 +1,9 @@
 """Cluster: everything that talks to the Kubernetes API.
 
-Owns the kubernetes client (imported here and nowhere else), publishing the
-serving certificate and caBundle (``certs install``) and the watch of
-Nodes that gives the decision the cluster's GPU sizes.
+Owns the kubernetes client (imported here and nowhere else): ``kube``
+sets it up and explains failed calls, ``certs`` publishes the serving
+certificate and caBundle (``certs install``), ``nodes`` watches Nodes for
+the GPU sizes the decision bounds requests by.
 
 May import: ``webhook.decision``, ``webhook.tls``, ``webhook.errors``. Not
 ``webhook.serving`` and not the CLI.
