@@ -2,7 +2,7 @@
 
 Owns making a CA and a serving certificate, reading and checking a key
 pair before it is served, and renewing what is near expiry. Serving them
-is ``webhook.serving.context``'s; publishing them, ``webhook.cluster.kube``'s.
+is ``webhook.serving.context``'s; publishing them, ``webhook.cluster.certs``'s.
 """
 
 from __future__ import annotations
