@@ -1,0 +1,46 @@
+"""The ``gpushare-webhook`` command: serve, mutate, certs, policy.
+
+Owns argument parsing (``args``), reading files and standard input, exit
+codes and what is printed. Each sub-command (``serve``, ``offline``,
+``certs``) is a thin shell over the packages below it; a deliberate error
+of the project (``webhook.errors``) becomes one line on stderr, never a
+traceback.
+
+May import every other package of the webhook; none imports it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from webhook.cli.args import EXIT_INPUT, EXIT_OK, build_parser
+from webhook.cli.certs import cmd_certs
+from webhook.cli.offline import cmd_mutate, cmd_policy
+from webhook.cli.serve import cmd_serve
+from webhook.errors import CertificateError, InputError, PolicyError, WebhookError
+
+__all__ = ["build_parser", "cmd_mutate", "main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command == "mutate":
+            return cmd_mutate(args, sys.stdin, sys.stdout, sys.stderr)
+        if args.command == "certs":
+            return cmd_certs(args)
+        if args.command == "policy":
+            return cmd_policy(args)
+    except (PolicyError, CertificateError, InputError) as error:
+        print(f"gpushare-webhook: {error}", file=sys.stderr)
+        return EXIT_INPUT
+    except WebhookError as error:  # pragma: no cover - every subclass is handled above
+        print(f"gpushare-webhook: {error}", file=sys.stderr)
+        return EXIT_INPUT
+    except BrokenPipeError:  # the reader (head, less) went away: not an error of ours
+        sys.stderr.close()
+        return EXIT_OK
+    return EXIT_INPUT  # pragma: no cover - argparse requires a command

@@ -1,0 +1,134 @@
+"""The command line: every sub-command's flags, and the exit codes.
+
+Exit codes: 0 done, 1 a pod was rejected (``mutate``) or the cluster
+refused (``certs install``), 2 the input or the flags cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+
+from webhook import __version__
+
+EXIT_OK, EXIT_REJECTED, EXIT_INPUT = 0, 1, 2
+
+_DURATION = re.compile(r"(\d+)([dhm])")
+
+
+def duration(text: str) -> dt.timedelta:
+    match = _DURATION.fullmatch(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a number and d, h or m, such as 30d")
+    amount, unit = int(match[1]), match[2]
+    return dt.timedelta(**{{"d": "days", "h": "hours", "m": "minutes"}[unit]: amount})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpushare-webhook",
+        description="Kubernetes admission webhook that makes GPU sharing safe.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the webhook over HTTPS under gunicorn")
+    serve.add_argument("--policy", metavar="FILE", help="policy YAML (default: built-in defaults)")
+    serve.add_argument("--cert", metavar="FILE", help="serving certificate (PEM)")
+    serve.add_argument("--key", metavar="FILE", help="private key of --cert (PEM)")
+    serve.add_argument(
+        "--certs-dir",
+        metavar="DIR",
+        default="certs",
+        help="where a development CA and certificate are made when --cert is not given "
+        "(default: %(default)s)",
+    )
+    serve.add_argument("--bind", default="0.0.0.0:8443", metavar="HOST:PORT")
+    serve.add_argument("--workers", type=int, default=None, help="gunicorn worker processes")
+    serve.add_argument("--threads", type=int, default=None, help="threads per worker")
+    serve.add_argument(
+        "--read-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="time a client has from connecting (or its first byte on a kept-alive "
+        "connection) to send a whole request (default: 10)",
+    )
+    serve.add_argument(
+        "--worker-class",
+        default=None,
+        choices=("buffering", "gthread", "sync", "gevent"),
+        help=argparse.SUPPRESS,  # for comparing worker models in bench/ (gevent: if installed)
+    )
+    serve.add_argument(
+        "--watch-nodes",
+        action="store_true",
+        help="read GPU sizes from the cluster's Nodes (list and watch; needs RBAC on nodes)",
+    )
+    serve.add_argument("--kubeconfig", help="kubeconfig for --watch-nodes (default: in-cluster)")
+    serve.add_argument("--context", help="kubeconfig context for --watch-nodes")
+    serve.add_argument(
+        "--no-metrics", dest="metrics", action="store_false", help="do not serve /metrics"
+    )
+    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.add_argument(
+        "--log-format", default="json", choices=("json", "text"), help="default: %(default)s"
+    )
+    serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
+
+    mutate = sub.add_parser("mutate", help="preview what admission does to pods or workloads")
+    mutate.add_argument("file", nargs="?", default="-", help="YAML or JSON file, or - for stdin")
+    mutate.add_argument("--policy", metavar="FILE")
+    mutate.add_argument("--output", "-o", choices=("yaml", "json", "patch"), default="yaml")
+
+    certs = sub.add_parser("certs", help="make and install certificates")
+    certs_sub = certs.add_subparsers(dest="certs_command", required=True, metavar="ACTION")
+    create = certs_sub.add_parser("create", help="make a CA and a serving certificate")
+    _cert_args(create)
+    create.add_argument("--out", default="certs", metavar="DIR")
+    install = certs_sub.add_parser(
+        "install",
+        help="make or renew certificates and publish them to the cluster (Secret + caBundle)",
+    )
+    _cert_args(install)
+    install.add_argument("--secret", default="gpushare-webhook-tls", help="serving Secret")
+    install.add_argument("--ca-secret", default="gpushare-webhook-ca", help="Secret holding the CA")
+    install.add_argument(
+        "--webhook-config", default="gpushare-webhook", help="MutatingWebhookConfiguration name"
+    )
+    install.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
+    install.add_argument("--context", help="kubeconfig context")
+
+    policy = sub.add_parser("policy", help="check or show a policy")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    check = policy_sub.add_parser("check", help="validate a policy file offline")
+    check.add_argument("file")
+    show = policy_sub.add_parser("show", help="print the effective policy, defaults filled in")
+    show.add_argument("file", nargs="?", help="policy file (default: built-in defaults)")
+    return parser
+
+
+def _cert_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--service", default="gpushare-webhook", help="Service name")
+    parser.add_argument("--namespace", default="gpushare-system", help="Service namespace")
+    parser.add_argument("--dns", action="append", default=[], help="extra DNS name (repeatable)")
+    parser.add_argument("--ip", action="append", default=[], help="extra IP address (repeatable)")
+    parser.add_argument("--days", type=int, default=365, help="serving certificate lifetime")
+    parser.add_argument("--key-type", choices=("ecdsa", "rsa"), default="ecdsa")
+    parser.add_argument(
+        "--renew-before",
+        type=duration,
+        default=dt.timedelta(days=30),
+        metavar="DURATION",
+        help="renew what expires within this (default: 30d)",
+    )
+
+
+def service_names(service: str, namespace: str) -> list[str]:
+    return [
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+    ]

@@ -1,0 +1,90 @@
+"""The commands that need no cluster: ``mutate`` (the offline preview) and ``policy``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from webhook.cli.args import EXIT_OK, EXIT_REJECTED
+from webhook.decision.policy import DEFAULT_POLICY, Policy, dump_policy
+from webhook.errors import InputError
+from webhook.serving.runtime import read_policy
+
+
+def _policy(path: str | None) -> Policy:
+    return DEFAULT_POLICY if path is None else read_policy(Path(path))
+
+
+def _read_documents(path: str, stdin: TextIO) -> list[Any]:
+    try:
+        text = stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read {path}: {error}") from None
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as error:
+        raise InputError(f"{path} is not valid YAML or JSON: {error}") from None
+    if not documents:
+        raise InputError(f"{path} holds no documents")
+    expanded: list[Any] = []
+    for doc in documents:
+        # A v1 List (what kubectl get -o yaml prints) is its items.
+        if (
+            isinstance(doc, dict)
+            and doc.get("kind") == "List"
+            and isinstance(doc.get("items"), list)
+        ):
+            expanded.extend(doc["items"])
+        else:
+            expanded.append(doc)
+    return expanded
+
+
+def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
+    from webhook.preview import preview
+
+    policy = _policy(args.policy)
+    documents = _read_documents(args.file, stdin)
+    results = [preview(doc, policy, index=i) for i, doc in enumerate(documents, start=1)]
+    kept = []
+    for result in results:
+        for note in result.notes:
+            print(f"warning: {note}", file=stderr)
+        if result.decision is not None:
+            for warning in result.decision.warnings:
+                print(f"warning: {result.label}: {warning}", file=stderr)
+        if result.rejected:
+            assert result.decision is not None
+            print(f"rejected: {result.label}: {result.decision.message}", file=stderr)
+        else:
+            kept.append(result)
+    if args.output == "patch":
+        patches = [r.patch for r in kept]
+        json.dump(patches[0] if len(patches) == 1 else patches, stdout, indent=2)
+        stdout.write("\n")
+    elif args.output == "json":
+        objects = [r.document for r in kept]
+        out: Any = (
+            objects[0]
+            if len(objects) == 1
+            else {"apiVersion": "v1", "kind": "List", "items": objects}
+        )
+        json.dump(out, stdout, indent=2)
+        stdout.write("\n")
+    else:
+        yaml.safe_dump_all([r.document for r in kept], stdout, sort_keys=False)
+    return EXIT_REJECTED if any(r.rejected for r in results) else EXIT_OK
+
+
+def cmd_policy(args: argparse.Namespace) -> int:
+    if args.policy_command == "check":
+        read_policy(Path(args.file))
+        print(f"{args.file}: policy is valid")
+        return EXIT_OK
+    sys.stdout.write(dump_policy(_policy(args.file)))
+    return EXIT_OK

@@ -1,0 +1,157 @@
+"""``gpushare-webhook serve``: the webhook under gunicorn with TLS.
+
+Checks what can be checked before gunicorn starts (flags, the policy, the
+certificate pair, credentials for ``--watch-nodes``), so a bad start-up is
+one line and exit 2, not a worker restart loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import logging.config
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from webhook.cli.args import EXIT_OK
+from webhook.decision.capacity import NodeSource
+from webhook.errors import CertificateError, InputError
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from webhook import tls
+    from webhook.decision.capacity import NoNodes
+    from webhook.serving import logs
+    from webhook.serving.app import State, create_app
+    from webhook.serving.runtime import PolicySource
+    from webhook.serving.server import ServeOptions, WebhookServer
+
+    log_config = logs.config(args.log_level, args.log_format)
+    logs.skip_unused_record_fields()
+    logging.config.dictConfig(log_config)
+    source = PolicySource(Path(args.policy) if args.policy else None)
+    if bool(args.cert) != bool(args.key):
+        raise CertificateError("give --cert and --key together, or neither for a development pair")
+    host, _, port = args.bind.rpartition(":")
+    if not port.isdigit() or not host:
+        raise InputError(f"--bind {args.bind!r}: expected HOST:PORT, such as 0.0.0.0:8443")
+    if args.cert:
+        cert, key = Path(args.cert), Path(args.key)
+    else:
+        issued = tls.ensure_certificates(
+            Path(args.certs_dir), dns_names=["localhost"], ips=["127.0.0.1", "::1"]
+        )
+        cert, key = issued.cert, issued.key
+        local = "localhost" if host in ("0.0.0.0", "127.0.0.1", "::", "localhost") else host
+        print(
+            f"gpushare-webhook: development certificate in {issued.directory}/ "
+            f"({'new' if issued.serving_created else 'reused'}); CA: {issued.ca}\n"
+            f"  try: curl --cacert {issued.ca} https://{local}:{port}/healthz",
+            file=sys.stderr,
+            flush=True,
+        )
+    tls.check_pair(cert, key)
+    nodes: NodeSource = NoNodes()
+    start_in_worker: Callable[[], None] | None = None
+    if args.watch_nodes:
+        from webhook.cluster import kube
+        from webhook.cluster import nodes as node_watch
+
+        # Credentials are checked here, so a missing token stops start-up with
+        # a clear error; each worker makes its own client and watch after fork.
+        kube.api_client(args.kubeconfig, args.context)
+        watcher = node_watch.NodeWatcher(lambda: kube.api_client(args.kubeconfig, args.context))
+        nodes, start_in_worker = watcher, watcher.start_and_wait
+    owned_dir: Path | None = None
+    state = State(policy=source, nodes=nodes, ready=_readiness(host, int(port), nodes))
+    if args.metrics:
+        from webhook.serving.runtime import prepare_metrics_directory
+
+        owned_dir = prepare_metrics_directory()  # before prometheus_client is imported
+        from webhook.serving import metrics
+
+        state.metrics = metrics.Metrics(source, nodes, cert)
+    options = ServeOptions(
+        bind=args.bind,
+        cert=cert,
+        key=key,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        log_config=log_config,
+        on_connection_cut=state.metrics.connection_cut if state.metrics else None,
+        **{
+            name: value
+            for name, value in (
+                ("workers", args.workers),
+                ("threads", args.threads),
+                ("worker_class", args.worker_class),
+                ("read_timeout", args.read_timeout),
+            )
+            if value is not None
+        },
+    )
+    # gunicorn's own "Listening at" line is empty with reuse_port (each worker binds).
+    logging.getLogger("gpushare_webhook.serve").info(
+        "serving",
+        extra={
+            "fields": {
+                "url": f"https://{args.bind}/mutate",
+                "workers": options.workers,
+                "threads": options.threads,
+                "worker_class": options.worker_class,
+                "read_timeout": options.read_timeout,
+                "policy": args.policy or "built-in defaults",
+                "watch_nodes": bool(args.watch_nodes),
+                "metrics": bool(args.metrics),
+            }
+        },
+    )
+    master = os.getpid()
+    try:
+        WebhookServer(create_app(state), options, post_fork=start_in_worker).run()
+    finally:
+        # Workers unwind through here too when they exit; only the master cleans up.
+        if owned_dir is not None and os.getpid() == master:
+            shutil.rmtree(owned_dir, ignore_errors=True)
+    return EXIT_OK
+
+
+def _readiness(
+    host: str, port: int, nodes: NodeSource, *, ttl: float = 5.0
+) -> Callable[[], tuple[bool, str]]:
+    """Ready once the policy and certificate are loaded and our own port answers TLS.
+
+    The policy and pair are loaded before gunicorn starts (or it never
+    starts), so what is left to prove is the listener itself; and, with
+    --watch-nodes, that the first node list has been answered: a replica
+    that took traffic before would judge pods by the policy's guess. A
+    failed list does not hold readiness back (the policy then bounds, and
+    says so). The handshake is cached for ``ttl`` seconds: probes should
+    not cost a handshake each.
+    """
+    import time
+
+    from webhook.serving.context import handshake
+
+    target = (
+        "127.0.0.1" if host in ("0.0.0.0", "", "*") else "::1" if host in ("::", "[::]") else host
+    )
+    target = target.strip("[]")
+    cache: dict[str, Any] = {"at": -ttl, "result": (False, "not checked yet")}
+
+    def ready() -> tuple[bool, str]:
+        status = nodes.status()
+        if status.watching and not status.tried:
+            return False, "waiting for the first node list"
+        now = time.monotonic()
+        if now - cache["at"] >= ttl:
+            problem = handshake(target, port)
+            cache["at"], cache["result"] = now, (not problem, problem or "ok")
+        result: tuple[bool, str] = cache["result"]
+        return result
+
+    return ready
