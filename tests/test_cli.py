@@ -132,6 +132,28 @@ def test_mutate_with_a_policy_file(tmp_path: Path, capsys: pytest.CaptureFixture
     assert out["spec"]["containers"][0]["env"][0]["value"] == "5000m"
 
 
+@pytest.mark.parametrize(
+    ("args", "changed"),
+    [((), True), (("-n", "kube-system"), False), (("--namespace", "team-a"), True)],
+    ids=["no-namespace", "excluded", "included"],
+)
+def test_namespace_flag_stands_in_for_an_unnamed_namespace(
+    args: tuple[str, ...], changed: bool
+) -> None:
+    document = pod(container(gpu="2"))
+    del document["metadata"]["namespace"]
+    code, out, _ = run_mutate(yaml.safe_dump(document), "-o", "patch", *args)
+    assert code == 0
+    assert bool(json.loads(out)) is changed
+
+
+def test_a_named_namespace_wins_over_the_flag() -> None:
+    document = pod(container(gpu="2"))  # in team-a
+    code, out, _ = run_mutate(yaml.safe_dump(document), "-o", "patch", "-n", "kube-system")
+    assert code == 0
+    assert json.loads(out)
+
+
 def test_policy_check_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text("gpuMemory: 24\n")

@@ -20,6 +20,7 @@ import pytest
 from tests.helpers import apply, decode_patch
 from webhook.decision.admission import admit
 from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
+from webhook.preview import preview
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("GOLDEN_UPDATE") == "1"
@@ -76,3 +77,43 @@ def test_golden(case: Path) -> None:
         second = admit(json.dumps(again).encode(), policy).body["response"]
         assert second["allowed"] is True
         assert "patch" not in second, decode_patch(second)
+
+
+def _pod_cases() -> list[Path]:
+    """The cases whose request creates a Pod: the ones the offline preview can also judge."""
+    chosen = []
+    for case in CASES:
+        try:
+            request = json.loads((case / "request.json").read_text())["request"]
+        except (ValueError, KeyError, TypeError):
+            continue  # a body that is not a review: only the webhook sees those
+        kind = request.get("kind") if isinstance(request, dict) else None
+        if (
+            kind == {"group": "", "version": "v1", "kind": "Pod"}
+            and request.get("operation") == "CREATE"
+            and not request.get("subResource")
+            and isinstance(request.get("object"), dict)
+        ):
+            chosen.append(case)
+    return chosen
+
+
+POD_CASES = _pod_cases()
+
+
+@pytest.mark.parametrize("case", POD_CASES, ids=[case.name for case in POD_CASES])
+def test_golden_through_the_preview(case: Path) -> None:
+    """``gpushare-webhook mutate`` gives each pod the webhook's answer: one code path."""
+    request = json.loads((case / "request.json").read_text())["request"]
+    expected = json.loads((case / "response.json").read_text())["response"]
+    pod = {"apiVersion": "v1", "kind": "Pod", **request["object"]}
+    namespace = request.get("namespace", "")
+    if isinstance(pod.get("metadata"), dict) and namespace:
+        # The review's namespace is the one the API server creates the pod in.
+        pod["metadata"] = {**pod["metadata"], "namespace": namespace}
+    result = preview(pod, _policy(case), namespace=namespace)
+    assert result.decision is not None
+    assert result.decision.allowed is expected["allowed"], result.decision.message
+    if not expected["allowed"]:
+        assert result.decision.message == expected["status"]["message"]
+    assert result.patch == expected.get("patch", [])

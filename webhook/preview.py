@@ -59,7 +59,12 @@ def describe(document: Any, index: int) -> str:
     return f"document {index}"
 
 
-def preview(document: Any, policy: Policy, *, index: int = 1) -> Preview:
+def preview(document: Any, policy: Policy, *, index: int = 1, namespace: str = "") -> Preview:
+    """What admission does to the pod of ``document``.
+
+    ``namespace`` is where it will be created when its metadata names none
+    (``kubectl apply -n``): the policy's namespace rules depend on it.
+    """
     label = describe(document, index)
     if not isinstance(document, Mapping):
         return Preview(label, document)
@@ -81,7 +86,7 @@ def preview(document: Any, policy: Policy, *, index: int = 1) -> Preview:
             label, document, notes=[f"{label} has no pod template at {'.'.join(path or ())}"]
         )
     meta = document.get("metadata")
-    namespace = meta.get("namespace", "") if isinstance(meta, Mapping) else ""
+    namespace = (meta.get("namespace") if isinstance(meta, Mapping) else None) or namespace
     spec = pod.get("spec")
     decision = plan(
         pod,

@@ -81,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     mutate.add_argument("file", nargs="?", default="-", help="YAML or JSON file, or - for stdin")
     mutate.add_argument("--policy", metavar="FILE")
     mutate.add_argument("--output", "-o", choices=("yaml", "json", "patch"), default="yaml")
+    mutate.add_argument(
+        "--namespace",
+        "-n",
+        default="",
+        metavar="NS",
+        help="where documents that name no namespace will be created (as kubectl apply -n)",
+    )
 
     certs = sub.add_parser("certs", help="make and install certificates")
     certs_sub = certs.add_subparsers(dest="certs_command", required=True, metavar="ACTION")

@@ -50,7 +50,10 @@ def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: 
 
     policy = _policy(args.policy)
     documents = _read_documents(args.file, stdin)
-    results = [preview(doc, policy, index=i) for i, doc in enumerate(documents, start=1)]
+    results = [
+        preview(doc, policy, index=i, namespace=args.namespace)
+        for i, doc in enumerate(documents, start=1)
+    ]
     kept = []
     for result in results:
         for note in result.notes:
