@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from webhook.decision.policy import DEFAULT_POLICY, dump_policy, parse_policy, parse_policy_text
@@ -99,3 +101,20 @@ def test_errors_name_the_key(text: str, message: str) -> None:
 
 def test_parse_policy_none_is_defaults() -> None:
     assert parse_policy(None) is DEFAULT_POLICY
+
+
+def test_the_readme_reference_is_policy_show() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Policy reference") :]
+    block = section[section.index("```yaml\n") + len("```yaml\n") :]
+    assert block[: block.index("```")] == dump_policy(DEFAULT_POLICY), (
+        "README.md's policy reference differs from `gpushare-webhook policy show`: "
+        "paste its output into the block"
+    )
+
+
+def test_every_key_is_documented_and_round_trips() -> None:
+    text = dump_policy(DEFAULT_POLICY)
+    for line in text.splitlines():
+        assert "  # " in line, f"no documentation on {line!r}"
+    assert parse_policy_text(text) == DEFAULT_POLICY

@@ -1,17 +1,20 @@
-"""The operator's policy: its model, its defaults and its parsing.
+"""The operator's policy: one table of its keys, and the model, parsing and YAML made from it.
 
-Owns the ``policy.yaml`` schema (mounted from a ConfigMap in a cluster) and
-turns a document into a frozen :class:`Policy`, or a :class:`PolicyError`
-that names the offending key and what it accepts. It never reads files: the
-caller hands it text, so the same code checks a policy offline, at start-up
-and on a live reload.
+Owns the ``policy.yaml`` schema (mounted from a ConfigMap in a cluster).
+Each key is declared once, on the field of the frozen dataclass that holds
+it: its YAML name, its check and a line of documentation (:func:`setting`,
+:func:`section`). Parsing, the defaults, the unknown-key message and
+``policy show`` (the YAML the README's reference is) are all read from
+those declarations. It never reads files: the caller hands it text, so the
+same code checks a policy offline, at start-up and on a live reload.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import Field, dataclass, fields
+from dataclasses import field as dataclass_field
 from typing import Any, Literal, cast
 
 import yaml
@@ -28,116 +31,7 @@ _RESOURCE = re.compile(
     r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 )
 _DNS_LABELS = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
-
-
-@dataclass(frozen=True)
-class Shim:
-    """Where the interception library lives on the node and in the container."""
-
-    host_path: str = "/usr/local/vgpu"
-    mount_path: str = "/usr/local/vgpu"
-    library: str = "libvgpu.so"
-    # Also preload through /etc/ld.so.preload, which a process cannot drop by
-    # clearing its environment: <hostPath>/ld.so.preload is mounted there.
-    ld_so_preload: bool = False
-
-    @property
-    def preload(self) -> str:
-        """The path put first in LD_PRELOAD."""
-        return f"{self.mount_path.rstrip('/')}/{self.library}"
-
-
 LD_SO_PRELOAD = "/etc/ld.so.preload"
-
-
-@dataclass(frozen=True)
-class Security:
-    """What a GPU-memory pod may not do, because it would reach past the shim."""
-
-    # privileged, hostPID or CAP_SYS_ADMIN: every GPU of the node, past the device cgroup.
-    reject_privileged: bool = True
-    # NVIDIA_VISIBLE_DEVICES set by the user: the NVIDIA runtime would expose those GPUs.
-    reject_visible_devices: bool = True
-
-
-@dataclass(frozen=True)
-class EnvNames:
-    """Names of the environment variables the shim reads."""
-
-    memory_limit: str = "CUDA_DEVICE_MEMORY_LIMIT"
-    sm_limit: str = "CUDA_DEVICE_SM_LIMIT"
-
-
-@dataclass(frozen=True)
-class Compute:
-    """Compute (SM) share: the resource users ask it with, and the default."""
-
-    resource_name: str = "aliyun.com/gpu-core.percentage"
-    default: ComputeDefault = "none"
-
-
-@dataclass(frozen=True)
-class MultiGpu:
-    """Pods spanning several GPUs of one node."""
-
-    resource_name: str = "aliyun.com/gpu-count"
-    # "total": gpu-mem is the pod's total, split evenly over the GPUs (ACK's
-    # multi-GPU sharing); "perDevice": gpu-mem is asked on each GPU.
-    memory: MultiGpuMemory = "total"
-    max_gpus: int = 8
-
-
-@dataclass(frozen=True)
-class Policy:
-    """The effective policy, defaults filled in."""
-
-    scheduler_name: str = "gpushare-scheduler"
-    resource_name: str = "aliyun.com/gpu-mem"
-    memory_unit: MemoryUnit = "GiB"
-    gpu_memory: int = 16
-    shim: Shim = field(default_factory=Shim)
-    env: EnvNames = field(default_factory=EnvNames)
-    compute: Compute = field(default_factory=Compute)
-    multi_gpu: MultiGpu = field(default_factory=MultiGpu)
-    security: Security = field(default_factory=Security)
-    exclude_namespaces: tuple[str, ...] = ("kube-system",)
-
-    @property
-    def mib_per_unit(self) -> int:
-        return 1024 if self.memory_unit == "GiB" else 1
-
-    def to_document(self) -> dict[str, Any]:
-        """The policy as the YAML document an operator writes (camelCase keys)."""
-        return {
-            "schedulerName": self.scheduler_name,
-            "resourceName": self.resource_name,
-            "memoryUnit": self.memory_unit,
-            "gpuMemory": self.gpu_memory,
-            "shim": {
-                "hostPath": self.shim.host_path,
-                "mountPath": self.shim.mount_path,
-                "library": self.shim.library,
-                "ldSoPreload": self.shim.ld_so_preload,
-            },
-            "env": {"memoryLimit": self.env.memory_limit, "smLimit": self.env.sm_limit},
-            "compute": {
-                "resourceName": self.compute.resource_name,
-                "default": self.compute.default,
-            },
-            "multiGpu": {
-                "resourceName": self.multi_gpu.resource_name,
-                "memory": self.multi_gpu.memory,
-                "maxGpus": self.multi_gpu.max_gpus,
-            },
-            "security": {
-                "rejectPrivileged": self.security.reject_privileged,
-                "rejectVisibleDevices": self.security.reject_visible_devices,
-            },
-            "excludeNamespaces": list(self.exclude_namespaces),
-        }
-
-
-DEFAULT_POLICY = Policy()
 
 Check = Callable[[str, Any], Any]
 
@@ -228,55 +122,186 @@ def _namespaces(key: str, value: Any) -> tuple[str, ...]:
     return tuple(check(f"{key}[{i}]", item) for i, item in enumerate(value))
 
 
-_SCHEMA: dict[str, Check | dict[str, Check]] = {
-    "schedulerName": _string(_DNS_LABELS, "a scheduler name such as gpushare-scheduler"),
-    "resourceName": _string(_RESOURCE, "a resource name such as aliyun.com/gpu-mem"),
-    "memoryUnit": _choice("GiB", "MiB"),
-    "gpuMemory": _positive_int(2**40),
-    "shim": {
-        "hostPath": _absolute_path,
-        "mountPath": _absolute_path,
-        "library": _file_name,
-        "ldSoPreload": _bool,
-    },
-    "env": {
-        "memoryLimit": _string(_ENV_NAME, "an environment variable name"),
-        "smLimit": _string(_ENV_NAME, "an environment variable name"),
-    },
-    "compute": {
-        "resourceName": _string(
-            _RESOURCE, "a resource name such as aliyun.com/gpu-core.percentage"
-        ),
-        "default": _compute_default,
-    },
-    "multiGpu": {
-        "resourceName": _string(_RESOURCE, "a resource name such as aliyun.com/gpu-count"),
-        "memory": _choice("total", "perDevice"),
-        "maxGpus": _positive_int(1024),
-    },
-    "security": {"rejectPrivileged": _bool, "rejectVisibleDevices": _bool},
-    "excludeNamespaces": _namespaces,
-}
+def setting(key: str, default: Any, check: Check, doc: str) -> Any:
+    """A policy key: its YAML name, default, check and one line for ``policy show``."""
+    return dataclass_field(default=default, metadata={"key": key, "check": check, "doc": doc})
 
 
-def _checked(document: Mapping[str, Any], schema: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def section(key: str, kind: type, doc: str) -> Any:
+    """A mapping of keys, declared by the dataclass ``kind``."""
+    return dataclass_field(default_factory=kind, metadata={"key": key, "section": kind, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Shim:
+    """Where the interception library lives on the node and in the container."""
+
+    host_path: str = setting(
+        "hostPath", "/usr/local/vgpu", _absolute_path, "directory on the node holding the shim"
+    )
+    mount_path: str = setting(
+        "mountPath", "/usr/local/vgpu", _absolute_path, "where it is mounted, read-only"
+    )
+    library: str = setting(
+        "library", "libvgpu.so", _file_name, "preloaded as LD_PRELOAD=<mountPath>/<library>"
+    )
+    # A process cannot drop /etc/ld.so.preload by clearing its environment.
+    ld_so_preload: bool = setting(
+        "ldSoPreload", False, _bool, "also mount <hostPath>/ld.so.preload at /etc/ld.so.preload"
+    )
+
+    @property
+    def preload(self) -> str:
+        """The path put first in LD_PRELOAD."""
+        return f"{self.mount_path.rstrip('/')}/{self.library}"
+
+
+@dataclass(frozen=True)
+class EnvNames:
+    """Names of the environment variables the shim reads."""
+
+    memory_limit: str = setting(
+        "memoryLimit",
+        "CUDA_DEVICE_MEMORY_LIMIT",
+        _string(_ENV_NAME, "an environment variable name"),
+        'the container\'s request in MiB: "4096m"',
+    )
+    sm_limit: str = setting(
+        "smLimit",
+        "CUDA_DEVICE_SM_LIMIT",
+        _string(_ENV_NAME, "an environment variable name"),
+        "the compute share, a percentage",
+    )
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Compute (SM) share: the resource users ask it with, and the default."""
+
+    resource_name: str = setting(
+        "resourceName",
+        "aliyun.com/gpu-core.percentage",
+        _string(_RESOURCE, "a resource name such as aliyun.com/gpu-core.percentage"),
+        "a percentage of one GPU's SMs",
+    )
+    default: ComputeDefault = setting(
+        "default",
+        "none",
+        _compute_default,
+        "none, proportional (to memory), or a percentage 1-100",
+    )
+
+
+@dataclass(frozen=True)
+class MultiGpu:
+    """Pods spanning several GPUs of one node."""
+
+    resource_name: str = setting(
+        "resourceName",
+        "aliyun.com/gpu-count",
+        _string(_RESOURCE, "a resource name such as aliyun.com/gpu-count"),
+        "how many GPUs a container spans",
+    )
+    memory: MultiGpuMemory = setting(
+        "memory",
+        "total",
+        _choice("total", "perDevice"),
+        "total (split evenly over the GPUs, as ACK does) or perDevice",
+    )
+    max_gpus: int = setting("maxGpus", 8, _positive_int(1024), "GPUs of the largest node")
+
+
+@dataclass(frozen=True)
+class Security:
+    """What a GPU-memory pod may not do, because it would reach past the shim."""
+
+    reject_privileged: bool = setting(
+        "rejectPrivileged", True, _bool, "reject privileged, hostPID, CAP_SYS_ADMIN"
+    )
+    reject_visible_devices: bool = setting(
+        "rejectVisibleDevices", True, _bool, "reject NVIDIA_VISIBLE_DEVICES set by the user"
+    )
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The effective policy, defaults filled in."""
+
+    scheduler_name: str = setting(
+        "schedulerName",
+        "gpushare-scheduler",
+        _string(_DNS_LABELS, "a scheduler name such as gpushare-scheduler"),
+        "set on every GPU-memory pod",
+    )
+    resource_name: str = setting(
+        "resourceName",
+        "aliyun.com/gpu-mem",
+        _string(_RESOURCE, "a resource name such as aliyun.com/gpu-mem"),
+        "the resource that makes a pod a GPU-memory pod",
+    )
+    memory_unit: MemoryUnit = setting(
+        "memoryUnit", "GiB", _choice("GiB", "MiB"), "GiB or MiB: one unit of resourceName"
+    )
+    gpu_memory: int = setting(
+        "gpuMemory", 16, _positive_int(2**40), "largest GPU, in memoryUnit, if nodes are unknown"
+    )
+    shim: Shim = section("shim", Shim, "the interception library")
+    env: EnvNames = section("env", EnvNames, "the variables the shim reads")
+    compute: Compute = section("compute", Compute, "compute (SM) share")
+    multi_gpu: MultiGpu = section("multiGpu", MultiGpu, "pods spanning several GPUs")
+    security: Security = section("security", Security, "what a GPU-memory pod may not do")
+    exclude_namespaces: tuple[str, ...] = setting(
+        "excludeNamespaces", ("kube-system",), _namespaces, "pods here are never touched"
+    )
+
+    @property
+    def mib_per_unit(self) -> int:
+        return 1024 if self.memory_unit == "GiB" else 1
+
+    def to_document(self) -> dict[str, Any]:
+        """The policy as the YAML document an operator writes (camelCase keys)."""
+        return _document(self)
+
+
+DEFAULT_POLICY = Policy()
+
+
+def _keys(kind: type) -> dict[str, Field[Any]]:
+    return {spec.metadata["key"]: spec for spec in fields(kind)}
+
+
+def _build(kind: type, document: Mapping[Any, Any], prefix: str) -> Any:
+    specs = _keys(kind)
+    values: dict[str, Any] = {}
     for key, value in document.items():
         dotted = f"{prefix}{key}"
-        if key not in schema:
+        spec = specs.get(key)
+        if spec is None:
             raise PolicyError(
-                f"policy key {dotted!r} is not known; allowed keys here: {', '.join(schema)}"
+                f"policy key {dotted!r} is not known; allowed keys here: {', '.join(specs)}"
             )
-        rule = schema[key]
-        if isinstance(rule, dict):
-            if not isinstance(value, dict):
-                raise PolicyError(
-                    f"policy key {dotted!r}: expected a mapping with keys {', '.join(rule)}, "
-                    f"got {value!r}"
-                )
-            out[key] = _checked(value, rule, f"{dotted}.")
+        inner = spec.metadata.get("section")
+        if inner is None:
+            values[spec.name] = spec.metadata["check"](dotted, value)
+        elif isinstance(value, dict):
+            values[spec.name] = _build(inner, value, f"{dotted}.")
         else:
-            out[key] = rule(dotted, value)
+            raise PolicyError(
+                f"policy key {dotted!r}: expected a mapping with keys "
+                f"{', '.join(_keys(inner))}, got {value!r}"
+            )
+    return kind(**values)
+
+
+def _document(settings: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for spec in fields(settings):
+        value = getattr(settings, spec.name)
+        if "section" in spec.metadata:
+            value = _document(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[spec.metadata["key"]] = value
     return out
 
 
@@ -288,43 +313,7 @@ def parse_policy(document: object) -> Policy:
         raise PolicyError(
             f"the policy must be a YAML mapping of keys, got {type(document).__name__}"
         )
-    doc = _checked(document, _SCHEMA, "")
-    shim, env = doc.get("shim", {}), doc.get("env", {})
-    compute, multi = doc.get("compute", {}), doc.get("multiGpu", {})
-    security = doc.get("security", {})
-    d = DEFAULT_POLICY
-    policy = Policy(
-        scheduler_name=doc.get("schedulerName", d.scheduler_name),
-        resource_name=doc.get("resourceName", d.resource_name),
-        memory_unit=doc.get("memoryUnit", d.memory_unit),
-        gpu_memory=doc.get("gpuMemory", d.gpu_memory),
-        shim=Shim(
-            host_path=shim.get("hostPath", d.shim.host_path),
-            mount_path=shim.get("mountPath", d.shim.mount_path),
-            library=shim.get("library", d.shim.library),
-            ld_so_preload=shim.get("ldSoPreload", d.shim.ld_so_preload),
-        ),
-        env=EnvNames(
-            memory_limit=env.get("memoryLimit", d.env.memory_limit),
-            sm_limit=env.get("smLimit", d.env.sm_limit),
-        ),
-        compute=Compute(
-            resource_name=compute.get("resourceName", d.compute.resource_name),
-            default=compute.get("default", d.compute.default),
-        ),
-        multi_gpu=MultiGpu(
-            resource_name=multi.get("resourceName", d.multi_gpu.resource_name),
-            memory=multi.get("memory", d.multi_gpu.memory),
-            max_gpus=multi.get("maxGpus", d.multi_gpu.max_gpus),
-        ),
-        security=Security(
-            reject_privileged=security.get("rejectPrivileged", d.security.reject_privileged),
-            reject_visible_devices=security.get(
-                "rejectVisibleDevices", d.security.reject_visible_devices
-            ),
-        ),
-        exclude_namespaces=doc.get("excludeNamespaces", d.exclude_namespaces),
-    )
+    policy = cast(Policy, _build(Policy, document, ""))
     _cross_check(policy)
     return policy
 
@@ -372,6 +361,27 @@ def parse_policy_text(text: str, *, source: str = "policy") -> Policy:
         raise PolicyError(f"{source}: {error}") from None
 
 
+# Where the comment of a line starts in ``policy show``; a longer line has its
+# comment two spaces after it.
+_COMMENT_COLUMN = 36
+
+
 def dump_policy(policy: Policy) -> str:
-    """The effective policy as YAML, every key present."""
-    return yaml.safe_dump(policy.to_document(), sort_keys=False)
+    """The effective policy as YAML, every key present, each with its line of documentation."""
+    lines = []
+    for text, doc in _lines(policy, ""):
+        lines.append(f"{text.ljust(_COMMENT_COLUMN - 2)}  # {doc}" if doc else text)
+    return "\n".join(lines) + "\n"
+
+
+def _lines(settings: Any, indent: str) -> Iterator[tuple[str, str]]:
+    for spec in fields(settings):
+        key, doc = spec.metadata["key"], spec.metadata["doc"]
+        value = getattr(settings, spec.name)
+        if "section" in spec.metadata:
+            yield f"{indent}{key}:", doc
+            yield from _lines(value, indent + "  ")
+        else:
+            plain = list(value) if isinstance(value, tuple) else value
+            text = yaml.safe_dump(plain, default_flow_style=True, width=1 << 20)
+            yield f"{indent}{key}: {text.removesuffix(chr(10)).removesuffix(chr(10) + '...')}", doc
