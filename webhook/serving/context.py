@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import socket
 import ssl
-import threading
-import time
 from pathlib import Path
 
 from webhook.errors import CertificateError
+from webhook.serving.watch import WatchedFiles
 from webhook.tls import check_pair
 
 
@@ -34,51 +33,33 @@ class ReloadingContext:
     """The serving SSLContext, cached per process and rebuilt when the files change.
 
     Building a context costs about 0.65 ms (it parses and checks the key), so
-    it is made once and reused for every connection. Files are looked at no
-    more than once per ``interval`` seconds; a change of size, mtime or inode
-    (the kubelet swaps a symlink) builds a new context for *new* connections,
-    while connections already open keep theirs. A pair that is briefly
-    missing or half-written keeps the last good context in service.
+    it is made once and reused for every connection. The pair is watched by
+    ``webhook.serving.watch.WatchedFiles`` (the rule the policy file follows
+    too): a change builds a new context for *new* connections, while
+    connections already open keep theirs, and a pair that is briefly missing
+    or half-written keeps the last good context in service.
     """
 
     def __init__(self, cert: Path, key: Path, *, interval: float = 1.0) -> None:
-        self.cert, self.key, self.interval = cert, key, interval
-        self._lock = threading.Lock()
-        self._stamp = self._fingerprint()
-        self._context = server_context(cert, key)
-        self._checked = time.monotonic()
-        self.reloads = 0
-        self.last_error = ""
+        self.cert, self.key = cert, key
+        self._files = WatchedFiles(
+            [cert, key], self._build, errors=(CertificateError,), interval=interval
+        )
 
-    def _fingerprint(self) -> tuple[tuple[int, int, int], ...]:
-        stamps = []
-        for path in (self.cert, self.key):
-            try:
-                st = path.stat()
-                stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
-            except OSError:
-                stamps.append((0, 0, 0))
-        return tuple(stamps)
+    def _build(self) -> ssl.SSLContext:
+        check_pair(self.cert, self.key)
+        return server_context(self.cert, self.key)
+
+    @property
+    def reloads(self) -> int:
+        return self._files.reloads
+
+    @property
+    def last_error(self) -> str:
+        return self._files.error
 
     def get(self) -> ssl.SSLContext:
-        now = time.monotonic()
-        if now - self._checked < self.interval:
-            return self._context
-        with self._lock:
-            if now - self._checked < self.interval:
-                return self._context
-            self._checked = now
-            stamp = self._fingerprint()
-            if stamp != self._stamp:
-                try:
-                    check_pair(self.cert, self.key)
-                    self._context = server_context(self.cert, self.key)
-                    self._stamp = stamp
-                    self.reloads += 1
-                    self.last_error = ""
-                except CertificateError as error:
-                    self.last_error = str(error)  # keep serving the last good pair
-        return self._context
+        return self._files.get()
 
 
 def handshake(host: str, port: int, *, timeout: float = 2.0) -> str:

@@ -1,9 +1,9 @@
 """The state a serving process reads on each review: policy, GPU nodes, readiness.
 
-Owns the live policy (a file re-read when it changes: the kubelet updates a
-mounted ConfigMap by swapping a symlink, which changes the resolved file's
-inode and mtime) (the seam through which node facts reach the decision is
-``webhook.decision.capacity.NodeSource``).
+Owns the live policy (a file re-read when its bytes change, the last good
+policy kept while it is broken; see ``webhook.serving.watch``). The seam
+through which node facts reach the decision is
+``webhook.decision.capacity.NodeSource``.
 Every gunicorn worker holds its own copy and checks the file itself, at
 most once per ``interval``, so a change reaches all workers with no
 signalling between them.
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
 from webhook.errors import PolicyError
+from webhook.serving.watch import WatchedFiles
 
 log = logging.getLogger("gpushare_webhook.policy")
 # prometheus-client reads this when first imported, to share counts between processes.
@@ -44,7 +45,12 @@ def read_policy(path: Path) -> Policy:
 
 
 class PolicySource:
-    """The policy in force, from a file (reloaded when it changes) or the defaults."""
+    """The policy in force, from a file (reloaded when it changes) or the defaults.
+
+    The file is watched by ``webhook.serving.watch.WatchedFiles``, the same
+    rule the certificate pair follows: a broken file keeps the last good
+    policy in force and shows as ``stale`` until it is fixed.
+    """
 
     def __init__(
         self,
@@ -54,19 +60,21 @@ class PolicySource:
         on_change: Callable[[PolicySource], None] | None = None,
     ) -> None:
         self.path = path
-        self.interval = interval
         self.on_change = on_change
+        self._file: WatchedFiles[tuple[Policy, str]] | None = None
+        if path is not None:
+            self._file = WatchedFiles(  # errors stop start-up
+                [path],
+                lambda: _load(path),
+                errors=(PolicyError,),
+                interval=interval,
+                on_error=lambda error: log.error(
+                    "policy not reloaded, keeping the last good one: %s", error
+                ),
+            )
+        self._policy, self._digest = self._file.value if self._file else (DEFAULT_POLICY, "")
         self._lock = threading.Lock()
-        self._checked = time.monotonic()
-        self.error = ""
         self.reloads = 0
-        self.failures = 0
-        if path is None:
-            self._policy, self._digest = DEFAULT_POLICY, ""
-        else:
-            text = read_policy_text(path)
-            self._policy = parse_policy_text(text, source=str(path))  # errors stop start-up
-            self._digest = hashlib.sha256(text.encode()).hexdigest()
         self.loaded_at = time.time()
 
     @property
@@ -75,41 +83,43 @@ class PolicySource:
         return bool(self.error)
 
     @property
+    def error(self) -> str:
+        return self._file.error if self._file else ""
+
+    @property
+    def failures(self) -> int:
+        return self._file.failures if self._file else 0
+
+    @property
     def digest(self) -> str:
         return self._digest[:12]
 
     def get(self) -> Policy:
-        if self.path is not None and time.monotonic() - self._checked >= self.interval:
-            self.refresh()
+        if self._file is not None:
+            self._take(self._file.get())
         return self._policy
 
     def refresh(self) -> bool:
         """Re-read the file now; True when a new policy took effect."""
-        if self.path is None:
-            return False
-        with self._lock:
-            self._checked = time.monotonic()
-            try:
-                text = read_policy_text(self.path)
-                digest = hashlib.sha256(text.encode()).hexdigest()
-                if digest == self._digest and not self.error:
-                    return False
-                policy = parse_policy_text(text, source=str(self.path))
-            except PolicyError as error:
-                if str(error) != self.error:
-                    log.error("policy not reloaded, keeping the last good one: %s", error)
-                    self.failures += 1
-                self.error = str(error)
+        return self._file is not None and self._file.refresh() and self._take(self._file.value)
+
+    def _take(self, loaded: tuple[Policy, str]) -> bool:
+        policy, digest = loaded
+        with self._lock:  # the file's value changes once; only one thread reports it
+            if digest == self._digest:
                 return False
-            changed = digest != self._digest
-            self._policy, self._digest, self.error = policy, digest, ""
-            if changed:
-                self.reloads += 1
-                self.loaded_at = time.time()
-                log.info("policy reloaded from %s (sha256 %s)", self.path, self.digest)
-        if changed and self.on_change is not None:
+            self._policy, self._digest = policy, digest
+            self.reloads += 1
+            self.loaded_at = time.time()
+        log.info("policy reloaded from %s (sha256 %s)", self.path, self.digest)
+        if self.on_change is not None:
             self.on_change(self)
-        return changed
+        return True
+
+
+def _load(path: Path) -> tuple[Policy, str]:
+    text = read_policy_text(path)
+    return parse_policy_text(text, source=str(path)), hashlib.sha256(text.encode()).hexdigest()
 
 
 def prepare_metrics_directory() -> Path | None:
