@@ -79,8 +79,8 @@ def create_app(state: State | None = None, *, max_body: int = MAX_BODY) -> Flask
             message = f"body larger than {max_body} bytes; an AdmissionReview is never this big"
         return _json(code, {"error": message})
 
-    # /mutate is answered by Mutate, in front of Flask (and admit() never raises);
-    # this catches a bug in the other routes (health, readiness, metrics).
+    # /mutate never reaches Flask: Mutate answers it in front, its own failures
+    # in-band. This catches a bug in the other routes (health, readiness, metrics).
     @app.errorhandler(Exception)
     def unexpected(error: Exception) -> Response:  # pragma: no cover - no route raises today
         log.exception("unhandled error")
