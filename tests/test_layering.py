@@ -9,6 +9,7 @@ I/O at all, not even through the standard library.
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import tomllib
@@ -88,3 +89,21 @@ def test_import_linter_contracts_hold() -> None:
         [lint], cwd=ROOT, capture_output=True, text=True, check=False, timeout=120
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_module_map_lists_every_module_as_its_docstring_says() -> None:
+    listed = dict(
+        re.findall(
+            r"^\| `(webhook/[^`]+\.py)` \| (.*) \|$", (ROOT / "docs/modules.md").read_text(), re.M
+        )
+    )
+    actual = {
+        str(path.relative_to(ROOT)): (ast.get_docstring(ast.parse(path.read_text())) or "").split(
+            "\n"
+        )[0]
+        for path in MODULES
+    }
+    assert listed == actual, (
+        "docs/modules.md is out of date: its table must list every module of webhook/ "
+        "with the first line of the module's docstring"
+    )

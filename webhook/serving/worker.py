@@ -203,7 +203,7 @@ class BufferingWorker(ThreadWorker):  # type: ignore[misc]
 
         Admission is pure CPU: handing it to a pool thread only adds a
         GIL handoff and a wake-up pipe write per request, which cost more
-        than the work on two cores (see README "Performance"). Anything
+        than the work on two cores (see docs/design.md, "Performance"). Anything
         else (/readyz does a TLS handshake of its own, large bodies, a
         client with an answer still unsent) goes to the pool.
         """
