@@ -28,7 +28,6 @@ from tests.conftest import Server
 from tests.helpers import GPU, container, decode_patch, pod, review
 from webhook.decision.admission import admit
 from webhook.decision.policy import DEFAULT_POLICY
-from webhook.decision.quantities import parse_quantity
 
 ROOT = Path(__file__).parent.parent
 GOLDEN = sorted((Path(__file__).parent / "golden").glob("*/request.json"))
@@ -76,11 +75,18 @@ def check_answer(request: dict[str, Any], body: bytes) -> None:
     if not ops:
         return
     out = jsonpatch.apply_patch(copy.deepcopy(request["request"]["object"]), ops)
+    largest_mib = DEFAULT_POLICY.gpu_memory * DEFAULT_POLICY.mib_per_unit
     for kind in ("containers", "initContainers"):
         for c in out["spec"].get(kind) or []:
             limit = ((c.get("resources") or {}).get("limits") or {}).get(GPU)
-            if limit is not None:
-                assert parse_quantity(limit).value <= DEFAULT_POLICY.gpu_memory
+            if limit is None:
+                continue
+            # What the shim will enforce on each GPU: within the largest one, and
+            # every per-device variable equal to the plain one.
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            per_gpu = {v for k, v in env.items() if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")}
+            assert len(per_gpu) == 1, env
+            assert int(per_gpu.pop().removesuffix("m")) <= largest_mib
 
 
 def places(node: Any) -> list[tuple[Any, Any]]:

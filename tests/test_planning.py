@@ -69,18 +69,22 @@ def test_last_preload_entry_wins_like_the_kubelet() -> None:
 
 
 LIMIT = {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1024m"}
+LIMIT_0 = {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "1024m"}
+REGION = {"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": "/tmp/gpushare-shim.main.cache"}
+REDIRECT = {"name": "CUDA_REDIRECT", "value": "/usr/local/vgpu/libvgpu.so"}
+PINNED = [LIMIT, LIMIT_0, REGION, REDIRECT]
 SHIM = {"name": "LD_PRELOAD", "value": "/usr/local/vgpu/libvgpu.so"}
 ENV = "/spec/containers/0/env"
+
+
+def appended(*entries: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"op": "add", "path": f"{ENV}/-", "value": entry} for entry in entries]
+
+
 ENV_OPS = [
-    (None, [{"op": "add", "path": ENV, "value": [LIMIT, SHIM]}]),
-    (
-        [],
-        [
-            {"op": "add", "path": f"{ENV}/-", "value": LIMIT},
-            {"op": "add", "path": f"{ENV}/-", "value": SHIM},
-        ],
-    ),
-    ([{"name": "A", "value": "1"}, SHIM, LIMIT], []),
+    (None, [{"op": "add", "path": ENV, "value": [*PINNED, SHIM]}]),
+    ([], appended(*PINNED, SHIM)),
+    ([{"name": "A", "value": "1"}, SHIM, *PINNED], []),
     (
         [{"name": "A", "value": "1"}, {"name": "LD_PRELOAD", "value": "/a.so"}],
         [
@@ -89,7 +93,7 @@ ENV_OPS = [
                 "path": f"{ENV}/1",
                 "value": {**SHIM, "value": SHIM["value"] + ":/a.so"},
             },
-            {"op": "add", "path": f"{ENV}/-", "value": LIMIT},
+            *appended(*PINNED),
         ],
     ),
     (
@@ -102,10 +106,11 @@ ENV_OPS = [
             {"name": "CUDA_DEVICE_SM_LIMIT_1", "value": "9"},
         ],
         [
+            {"op": "replace", "path": f"{ENV}/0", "value": LIMIT_0},
             {"op": "replace", "path": f"{ENV}/1", "value": LIMIT},
             {"op": "remove", "path": f"{ENV}/5"},
             {"op": "remove", "path": f"{ENV}/3"},
-            {"op": "remove", "path": f"{ENV}/0"},
+            *appended(REGION, REDIRECT),
         ],
     ),
 ]
@@ -171,7 +176,7 @@ def test_shim_mount_that_is_writable_is_made_read_only() -> None:
             ],
         )
     )
-    assert out["spec"]["containers"][0]["volumeMounts"] == [{**mounts[0], "readOnly": True}]
+    assert out["spec"]["containers"][0]["volumeMounts"][0] == {**mounts[0], "readOnly": True}
 
 
 @pytest.mark.parametrize(

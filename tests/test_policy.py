@@ -26,6 +26,7 @@ def test_defaults_match_the_documented_ones() -> None:
         "mountPath": "/usr/local/vgpu",
         "library": "libvgpu.so",
         "ldSoPreload": False,
+        "overrideFile": "/overrideEnv",
     }
     assert doc["security"] == {"rejectPrivileged": True, "rejectVisibleDevices": True}
     assert doc["env"]["memoryLimit"] == "CUDA_DEVICE_MEMORY_LIMIT"

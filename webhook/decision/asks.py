@@ -92,17 +92,39 @@ def _same_quantity(a: object, b: object) -> bool:
         return str(a) == str(b)  # the malformed one is reported when the limit is read
 
 
-def collect_asks(spec: Mapping[str, Any], policy: Policy, limits: GpuLimits) -> list[ContainerAsk]:
+def collect_asks(
+    spec: Mapping[str, Any],
+    policy: Policy,
+    limits: GpuLimits,
+    labels: Mapping[str, Any] = EMPTY,
+) -> list[ContainerAsk]:
     asks = []
     unit = policy.memory_unit
     memory_name = policy.resource_name
     compute_name = policy.compute.resource_name
     count_name = policy.multi_gpu.resource_name
+    by_label = policy.multi_gpu.count_from == "label"
+    pod_gpus = _label_count(labels, count_name) if by_label else None
+    if not by_label and count_name in labels:
+        raise QuantityError(
+            f"the pod's label {count_name} asks for GPUs, but this cluster reads the GPU count "
+            f"from each container's resources (policy multiGpu.countFrom: resource): set "
+            f"limits.{count_name} in the GPU containers and remove the label",
+            reason="count-as-label",
+        )
     for kind, index, container in containers(spec):
         limits_, requests = _resources(container, kind, index)
         memory_raw = _resource(limits_, requests, kind, container, memory_name)
         compute_raw = _resource(limits_, requests, kind, container, compute_name)
         count_raw = _resource(limits_, requests, kind, container, count_name)
+        if count_raw is not None and by_label:
+            raise QuantityError(
+                f"{label(kind, container)} asks {count_name} as a resource, but the GPU "
+                f"count is the pod's label, as ACK reads it: set metadata.labels"
+                f"['{count_name}']: {str(count_raw)!r} (in a workload, the pod template's "
+                "labels) and remove it from resources",
+                reason="count-as-resource",
+            )
         if memory_raw is None:
             extra = compute_name if compute_raw is not None else None
             extra = extra or (count_name if count_raw is not None else None)
@@ -114,9 +136,10 @@ def collect_asks(spec: Mapping[str, Any], policy: Policy, limits: GpuLimits) -> 
                 )
             continue
         memory = _count(memory_raw, kind, container, memory_name, unit_word=unit, byte_unit=unit)
-        gpus = 1
+        gpus = pod_gpus or 1
         if count_raw is not None:
             gpus = _count(count_raw, kind, container, count_name, unit_word="GPUs")
+        if gpus > 1:
             memory = _per_device_memory(memory, gpus, label(kind, container), policy)
         compute: int | None
         if compute_raw is not None:
@@ -127,6 +150,14 @@ def collect_asks(spec: Mapping[str, Any], policy: Policy, limits: GpuLimits) -> 
             compute = _default_compute(memory, policy, limits)
         asks.append(ContainerAsk(kind, index, str(container.get("name")), memory, gpus, compute))
     return asks
+
+
+def _label_count(labels: Mapping[str, Any], name: str) -> int | None:
+    """The GPUs every GPU container of the pod spans, from the pod's label (ACK's form)."""
+    raw = labels.get(name)
+    if raw is None:
+        return None
+    return plain_count(raw) or whole_count(raw, what=f"the pod's label {name}", unit_word="GPUs")
 
 
 def _count(
@@ -155,7 +186,7 @@ def _count(
 
 
 def _per_device_memory(memory: int, gpus: int, who: str, policy: Policy) -> int:
-    if gpus == 1 or policy.multi_gpu.memory == "perDevice":
+    if policy.multi_gpu.memory == "perDevice":
         return memory
     if memory % gpus:
         low = memory - memory % gpus

@@ -17,7 +17,7 @@ from typing import Any
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.capacity import GpuLimits
 from webhook.decision.fields import CONTAINER_KINDS, each_container, label, listed, mapping
-from webhook.decision.layout import PRELOAD, VOLUME_NAME, Layout
+from webhook.decision.layout import PRELOAD, Layout
 from webhook.decision.policy import Policy, overlaps
 from webhook.errors import PodError, ShapeError
 
@@ -155,15 +155,17 @@ def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits) -> in
 
 
 def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout) -> None:
-    """The pod's own volumes: none may take the shim's name or mount the shim's host path."""
+    """The pod's own volumes: none may take a name of ours or mount the shim's host path."""
+    ours = {volume.data["name"]: volume.data for volume in layout.volumes}
     for index, volume in enumerate(listed(spec, "volumes", "spec")):
         if not isinstance(volume, dict):
             raise ShapeError(f"spec.volumes[{index}]", "a volume object", volume)
-        if volume.get("name") == VOLUME_NAME:
-            if volume == layout.volume.data:
+        name = volume.get("name")
+        if isinstance(name, str) and name in ours:
+            if volume == ours[name]:
                 continue  # ours, from an earlier review
             raise PodError(
-                f"spec.volumes[{index}] is named {VOLUME_NAME!r}, a name the webhook reserves for "
+                f"spec.volumes[{index}] is named {name!r}, a name the webhook reserves for "
                 "the GPU shim; rename the volume",
                 reason="reserved-volume",
             )
@@ -186,21 +188,24 @@ def mount_key(mount: Mapping[str, Any]) -> str:
 def check_mounts(
     container: Mapping[str, Any], base: str, ask: ContainerAsk, policy: Policy, layout: Layout
 ) -> None:
-    """No mount of the container may replace or hide the shim, nor mount its volume elsewhere."""
-    wanted, shim_dir = layout.mount_paths, layout.mount_dir
+    """No mount of the container may replace or hide what the webhook mounts, nor move it."""
+    wanted = {(mount.entry.data["name"], mount.path): mount for mount in layout.mounts}
+    holds = {mount.path: mount.holds for mount in layout.mounts}
+    shim_dir = layout.mount_dir
     ours: set[str] = set()
     for index, mount in enumerate(listed(container, "volumeMounts", base)):
         if not isinstance(mount, dict):
             raise ShapeError(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
         path = mount_key(mount)
         name = mount.get("name")
-        if name == VOLUME_NAME and path in wanted and path not in ours:
+        name = name if isinstance(name, str) else repr(name)  # a name the API server refuses
+        if (name, path) in wanted and path not in ours:
             ours.add(path)
-        elif name == VOLUME_NAME:
+        elif name in layout.volume_names:
             raise PodError(
-                f"{ask.label} mounts the webhook's volume {VOLUME_NAME!r} at "
-                f"{mount.get('mountPath')!r}; the shim may only be mounted read-only at "
-                f"{policy.shim.mount_path}: remove that mount",
+                f"{ask.label} mounts the webhook's volume {name!r} at "
+                f"{mount.get('mountPath')!r}; it may only be mounted read-only where the "
+                "webhook puts it: remove that mount",
                 reason="shim-mount",
             )
         elif path.startswith(shim_dir):
@@ -210,10 +215,10 @@ def check_mounts(
                 f"mount it somewhere outside {policy.shim.mount_path}",
                 reason="shim-mount",
             )
-        elif path in wanted:
+        elif path in holds:
             raise PodError(
                 f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
-                "webhook puts the list of preloaded libraries; it would drop the GPU shim: "
+                f"webhook puts {holds[path]}; it would loosen the GPU shim's limits: "
                 "remove that mount",
                 reason="shim-mount",
             )

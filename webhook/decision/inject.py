@@ -1,8 +1,9 @@
 """Injection: the ops that schedule, mount, preload and limit a GPU pod that passed the checks.
 
-Owns what the webhook adds to a pod: the scheduler name, the shim's
-volume, its read-only mounts in each GPU container, the limit variables
-and LD_PRELOAD in each GPU container's env, and the status annotation.
+Owns what the webhook adds to a pod: the scheduler name, the webhook's
+volumes, their read-only mounts in each GPU container, the pinned
+variables (``webhook.decision.contract``) and LD_PRELOAD in each GPU
+container's env, and the status annotation.
 Every function returns ops as data (``webhook.decision.patch.Op``) and only
 what differs from the pod, so a pod the webhook already shaped gets no op
 at all. The pod's shapes have been checked (``checks``) before it runs.
@@ -15,10 +16,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.decision import patch
+from webhook.decision import contract, patch
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.checks import mount_key
-from webhook.decision.layout import PRELOAD, STATUS_ANNOTATION, VOLUME_NAME, Layout
+from webhook.decision.layout import PRELOAD, STATUS_ANNOTATION, Layout
 from webhook.decision.patch import EnvVar, Op
 from webhook.decision.policy import Policy
 
@@ -32,10 +33,14 @@ def scheduler_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
 def volume_ops(spec: Mapping[str, Any], layout: Layout) -> list[Op]:
     volumes = spec.get("volumes")
     if volumes is None:
-        return [patch.set_field(spec, "volumes", "/spec", [layout.volume])]
-    if any(volume.get("name") == VOLUME_NAME for volume in volumes):
-        return []  # ours (checks refused any other volume of that name)
-    return [patch.add("/spec/volumes/-", layout.volume)]
+        return [patch.set_field(spec, "volumes", "/spec", list(layout.volumes))]
+    # Checks refused other volumes of our names; a name that is no string is not ours.
+    present = {name for volume in volumes if isinstance(name := volume.get("name"), str)}
+    return [
+        patch.add("/spec/volumes/-", volume)
+        for volume in layout.volumes
+        if volume.data["name"] not in present
+    ]
 
 
 def mount_ops(container: Mapping[str, Any], base: str, layout: Layout) -> list[Op]:
@@ -45,11 +50,12 @@ def mount_ops(container: Mapping[str, Any], base: str, layout: Layout) -> list[O
         return [patch.set_field(container, "volumeMounts", base, entries)]
     ours: dict[str, int] = {}
     for index, mount in enumerate(mounts):
-        if mount.get("name") == VOLUME_NAME:
+        name = mount.get("name")
+        if isinstance(name, str) and name in layout.volume_names:
             ours.setdefault(mount_key(mount), index)
     ops: list[Op] = []
     missing: list[Op] = []
-    for path, entry in layout.mounts:
+    for path, entry, _ in layout.mounts:
         if path not in ours:
             missing.append(patch.add(f"{base}/volumeMounts/-", entry))
         elif mounts[ours[path]] != entry.data:
@@ -58,15 +64,24 @@ def mount_ops(container: Mapping[str, Any], base: str, layout: Layout) -> list[O
 
 
 def limit_env(ask: ContainerAsk, layout: Layout) -> dict[str, str]:
-    """The limit variables of one container, by name, as the shim reads them."""
+    """The variables pinned in one container, by name (see webhook.decision.contract).
+
+    The shim reads each device's own variable before the plain one, so both
+    are set for every GPU the container gets: a ConfigMap given through
+    ``envFrom`` cannot set either, since an ``env`` entry wins over it.
+    """
     mib = f"{ask.memory * layout.mib_per_unit}m"
     wanted = {layout.memory_limit: mib}
-    if ask.gpus > 1:
-        # HAMi-core reads one limit per visible device, index by index.
-        for device in range(ask.gpus):
-            wanted[f"{layout.memory_limit}_{device}"] = mib
+    for device in range(ask.gpus):
+        wanted[f"{layout.memory_limit}_{device}"] = mib
     if ask.compute is not None:
-        wanted[layout.sm_limit] = str(ask.compute)
+        share = str(ask.compute)
+        wanted[layout.sm_limit] = share
+        for device in range(ask.gpus):
+            wanted[f"{layout.sm_limit}_{device}"] = share
+        wanted[contract.UTILIZATION_POLICY] = contract.UTILIZATION_DEFAULT
+    wanted[contract.REGION] = contract.region_path(ask.name)
+    wanted[contract.REDIRECT] = layout.preload
     return wanted
 
 
@@ -120,7 +135,7 @@ def env_ops(
             if entry.get("value") != value or "valueFrom" in entry:
                 warnings.append(
                     f"{ask.label}: {name} was set to {entry.get('value', '(valueFrom)')!r}; "
-                    f"the webhook set it to {value!r}, what the container asked for"
+                    f"the webhook set it to {value!r}, as the GPU shim's limits require"
                 )
             if len(entry) != 2 or entry.get("value") != value:
                 replaced.append((index, name, value))

@@ -1,11 +1,11 @@
 """What the webhook puts in every GPU container, worked out once per policy.
 
-Owns the names the webhook reserves (the shim's volume, the status
-annotation, LD_PRELOAD) and the layout the shim section of a policy gives:
-the hostPath volume, the read-only mounts (and their paths, to compare a
-container's own mounts with), and the names of the limit variables.
-Checks and injection both read it; it is data, shared by every patch
-of the policy (``Fixed`` values, never changed).
+Owns the names the webhook reserves (its volumes, the status annotation,
+LD_PRELOAD) and the layout the shim section of a policy gives: the
+volumes, the read-only mounts (and their paths, to compare a container's
+own mounts with), and the names of the limit variables. Checks and
+injection both read it; it is data, shared by every patch of the policy
+(``Fixed`` values, never changed).
 """
 
 from __future__ import annotations
@@ -19,21 +19,25 @@ from webhook.decision.patch import Fixed
 from webhook.decision.policy import LD_SO_PRELOAD, EnvNames, Shim
 
 VOLUME_NAME = "gpushare-shim"
+# An empty file over the shim's override file (see webhook.decision.contract).
+NO_OVERRIDE_VOLUME = "gpushare-shim-no-override"
 STATUS_ANNOTATION = "gpushare-webhook.io/status"
 PRELOAD = "LD_PRELOAD"
 
 
 class Mount(NamedTuple):
-    """One read-only mount of the shim's volume."""
+    """One read-only mount of one of the webhook's volumes."""
 
     path: str  # its mount path with one trailing slash, to compare with a container's mounts
     entry: Fixed  # the volumeMounts entry
+    holds: str  # what is mounted there, for a message about a mount that would hide it
 
 
 @dataclass(frozen=True)
 class Layout:
     preload: str  # the shim's path in the container, first in LD_PRELOAD
-    volume: Fixed  # the shim's hostPath volume
+    volumes: tuple[Fixed, ...]  # the webhook's volumes, the shim's hostPath first
+    volume_names: frozenset[str]
     mount_dir: str  # the shim's mount path with one trailing slash, to compare paths
     mounts: tuple[Mount, ...]
     mount_paths: frozenset[str]
@@ -43,32 +47,39 @@ class Layout:
     mib_per_unit: int
 
 
+def _mount(volume: str, path: str, holds: str, sub_path: str = "") -> Mount:
+    entry = {"name": volume, "mountPath": path, "readOnly": True}
+    if sub_path:
+        entry = {"name": volume, "mountPath": path, "subPath": sub_path, "readOnly": True}
+    return Mount(path.rstrip("/") + "/", Fixed(entry), holds)
+
+
 # NB: a memo keyed by the (frozen, hashable) parts of a policy that shape the
 # layout: a policy reload with the same shim and names reuses it.
 @functools.lru_cache(maxsize=16)
 def layout(shim: Shim, env: EnvNames, mib_per_unit: int) -> Layout:
-    mount_dir = shim.mount_path.rstrip("/") + "/"
-    mounts = [
-        Mount(
-            mount_dir, Fixed({"name": VOLUME_NAME, "mountPath": shim.mount_path, "readOnly": True})
-        )
-    ]
+    volumes = [{"name": VOLUME_NAME, "hostPath": {"path": shim.host_path, "type": "Directory"}}]
+    mounts = [_mount(VOLUME_NAME, shim.mount_path, "the GPU shim")]
     if shim.ld_so_preload:
         # NB: <hostPath>/ld.so.preload lists the library by its path in the container.
-        preload_list = {
-            "name": VOLUME_NAME,
-            "mountPath": LD_SO_PRELOAD,
-            "subPath": "ld.so.preload",
-            "readOnly": True,
-        }
-        mounts.append(Mount(LD_SO_PRELOAD + "/", Fixed(preload_list)))
+        mounts.append(
+            _mount(VOLUME_NAME, LD_SO_PRELOAD, "the list of preloaded libraries", "ld.so.preload")
+        )
+    if shim.override_file:
+        volumes.append(
+            {"name": NO_OVERRIDE_VOLUME, "hostPath": {"path": "/dev/null", "type": "CharDevice"}}
+        )
+        mounts.append(
+            _mount(
+                NO_OVERRIDE_VOLUME, shim.override_file, "an empty file over the shim's overrides"
+            )
+        )
     names = f"{re.escape(env.memory_limit)}|{re.escape(env.sm_limit)}"
     return Layout(
         preload=shim.preload,
-        volume=Fixed(
-            {"name": VOLUME_NAME, "hostPath": {"path": shim.host_path, "type": "Directory"}}
-        ),
-        mount_dir=mount_dir,
+        volumes=tuple(Fixed(volume) for volume in volumes),
+        volume_names=frozenset(str(volume["name"]) for volume in volumes),
+        mount_dir=mounts[0].path,
         mounts=tuple(mounts),
         mount_paths=frozenset(m.path for m in mounts),
         memory_limit=env.memory_limit,

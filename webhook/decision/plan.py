@@ -113,7 +113,8 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
     # Every refusal first: no op is built for a pod that is refused.
     checks.check_placement(spec, policy)
     checks.check_confinement(spec, policy)
-    asks = collect_asks(spec, policy, limits)
+    labels = mapping(metadata, "labels", path="metadata", optional=True)
+    asks = collect_asks(spec, policy, limits, labels)
     demand = checks.check_fit(asks, policy, limits)
     checks.check_volumes(spec, policy, shape)
     places = [

@@ -64,6 +64,15 @@ def _absolute_path(key: str, value: Any) -> str:
     return path
 
 
+def _optional(check: Check) -> Check:
+    """``check``, or the empty string for "none"."""
+
+    def optional(key: str, value: Any) -> Any:
+        return value if value == "" else check(key, value)
+
+    return optional
+
+
 def _file_name(key: str, value: Any) -> str:
     name = str(_string(None, "a file name such as libvgpu.so")(key, value))
     if "/" in name or name in {".", ".."} or any(c in name for c in " :\x00"):
@@ -149,6 +158,13 @@ class Shim:
     ld_so_preload: bool = setting(
         "ldSoPreload", False, _bool, "also mount <hostPath>/ld.so.preload at /etc/ld.so.preload"
     )
+    # HAMi-core sets every KEY=VALUE line of this file over the pod's env.
+    override_file: str = setting(
+        "overrideFile",
+        "/overrideEnv",
+        _optional(_absolute_path),
+        'file the shim takes variables from; /dev/null hides it ("": none)',
+    )
 
     @property
     def preload(self) -> str:
@@ -200,13 +216,19 @@ class MultiGpu:
         "resourceName",
         "aliyun.com/gpu-count",
         _string(_RESOURCE, "a resource name such as aliyun.com/gpu-count"),
-        "how many GPUs a container spans",
+        "how many GPUs a pod spans; also the Node capacity that counts them",
+    )
+    count_from: Literal["label", "resource"] = setting(
+        "countFrom",
+        "label",
+        _choice("label", "resource"),
+        "label (the pod's label, as ACK reads it) or resource (each container's)",
     )
     memory: MultiGpuMemory = setting(
         "memory",
         "total",
         _choice("total", "perDevice"),
-        "total (split evenly over the GPUs, as ACK does) or perDevice",
+        "total (split evenly over the GPUs, as ACK does) or perDevice (as HAMi does)",
     )
     max_gpus: int = setting("maxGpus", 8, _positive_int(1024), "GPUs of the largest node")
 
