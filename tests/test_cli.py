@@ -55,6 +55,39 @@ def test_workload_templates_are_mutated(kind: str, api: str, path: tuple[str, ..
     assert "gpushare-webhook.io/status" in doc["metadata"]["annotations"]
 
 
+# ACK's own multi-GPU sample Job, as its documentation gives it.
+ACK_MULTI_GPU_JOB = """
+apiVersion: batch/v1
+kind: Job
+metadata: {name: tensorflow-mnist-multigpu}
+spec:
+  parallelism: 1
+  template:
+    metadata:
+      labels:
+        app: tensorflow-mnist-multigpu
+        aliyun.com/gpu-count: "2"
+    spec:
+      containers:
+      - name: tensorflow-mnist-multigpu
+        image: registry.cn-beijing.aliyuncs.com/ai-samples/gpushare-sample:tensorflow-1.5
+        resources: {limits: {aliyun.com/gpu-mem: 8}}
+      restartPolicy: Never
+"""
+
+
+def test_the_gpu_count_label_of_a_pod_template_splits_the_memory() -> None:
+    code, out, err = run_mutate(ACK_MULTI_GPU_JOB)
+    assert code == 0, err
+    env = yaml.safe_load(out)["spec"]["template"]["spec"]["containers"][0]["env"]
+    limits = {e["name"]: e["value"] for e in env if "MEMORY_LIMIT" in e["name"]}
+    assert limits == {
+        "CUDA_DEVICE_MEMORY_LIMIT": "4096m",
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
+        "CUDA_DEVICE_MEMORY_LIMIT_1": "4096m",
+    }
+
+
 def test_many_documents_json_is_a_list_and_rejected_ones_are_left_out() -> None:
     docs = [
         pod(container(gpu="1")),

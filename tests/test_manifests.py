@@ -25,7 +25,8 @@ import yaml
 
 from tests.helpers import container, pod
 from webhook.cli import build_parser
-from webhook.decision.policy import parse_policy_text
+from webhook.decision.admission import admit
+from webhook.decision.policy import DEFAULT_POLICY, parse_policy_text
 
 ROOT = Path(__file__).parent.parent
 OVERLAYS = {"default": ROOT / "manifests", "cert-manager": ROOT / "manifests/overlays/cert-manager"}
@@ -175,6 +176,8 @@ MATCH_CASES = [
         True,
     ),
     (pod(container("x"), ephemeralContainers=[{"name": "d", "image": "busybox"}]), False),
+    (pod(container(resources={"limits": {"aliyun.com/gpu-core.percentage": "30"}})), True),
+    (pod(container(resources={"requests": {"aliyun.com/gpu-count": "2"}})), True),
 ]
 
 
@@ -193,6 +196,8 @@ MATCH_CASES = [
         "other-env",
         "ephemeral-visible-devices",
         "ephemeral-plain",
+        "compute-only",
+        "count-only",
     ],
 )
 def test_match_condition_sends_exactly_the_gpu_memory_pods(
@@ -209,8 +214,34 @@ def test_policy_config_map_is_valid_and_agrees_with_the_match_condition() -> Non
     cm = find("default", "ConfigMap", "gpushare-webhook-policy")
     policy = parse_policy_text(cm["data"]["policy.yaml"])
     (hook,) = find("default", "MutatingWebhookConfiguration")["webhooks"]
-    assert f"'{policy.resource_name}'" in hook["matchConditions"][0]["expression"]
+    names = (policy.resource_name, policy.compute.resource_name, policy.multi_gpu.resource_name)
+    for name in names:
+        for section in ("limits", "requests"):
+            assert f"'{name}' in c.resources.{section}" in hook["matchConditions"][0]["expression"]
     assert "gpushare-system" in policy.exclude_namespaces
+
+
+GOLDEN = sorted((ROOT / "tests/golden").iterdir())
+
+
+@pytest.mark.parametrize("case", GOLDEN, ids=[case.name for case in GOLDEN])
+def test_every_pod_the_webhook_would_change_or_refuse_is_sent(case: Path) -> None:
+    """The shipped matchConditions against each golden review, decided by the webhook."""
+    request = json.loads((case / "request.json").read_text())
+    policy_file = case / "policy.yaml"
+    policy = parse_policy_text(policy_file.read_text()) if policy_file.exists() else None
+    if policy is not None and policy.resource_name != DEFAULT_POLICY.resource_name:
+        pytest.skip("the shipped condition names the default resources")
+    obj = request["request"].get("object")
+    if not isinstance(obj, dict) or not isinstance(obj.get("spec"), dict):
+        pytest.skip("not a pod the API server would send")
+    response = admit(json.dumps(request).encode(), policy or DEFAULT_POLICY).body.get("response")
+    if response is None or (response["allowed"] and "patch" not in response):
+        return  # left alone: whether it is sent does not matter
+    (hook,) = find("default", "MutatingWebhookConfiguration")["webhooks"]
+    (condition,) = hook["matchConditions"]
+    sent = cel.evaluate(condition["expression"], {"object": json.loads(json.dumps(obj))})
+    assert sent is True, f"the webhook would change or refuse {case.name}, but it is never sent"
 
 
 def test_deployment_is_hardened_and_highly_available() -> None:

@@ -74,10 +74,17 @@ def plan(
 
 
 def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
-    """True when any container or init container names the GPU-memory resource."""
+    """True when any container or init container names a GPU-sharing resource.
+
+    Memory, compute share or GPU count: a pod that asks a share of a GPU in
+    any form is the webhook's to confine (one without memory is refused:
+    the device plugin would hand it a GPU with no memory limit). The
+    MutatingWebhookConfiguration's matchConditions send exactly these pods.
+    """
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return False
+    names = (policy.resource_name, policy.compute.resource_name, policy.multi_gpu.resource_name)
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
         if not isinstance(containers, list):
@@ -88,7 +95,7 @@ def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
                 continue
             for section in ("limits", "requests"):
                 values = resources.get(section)
-                if isinstance(values, dict) and policy.resource_name in values:
+                if isinstance(values, dict) and any(name in values for name in names):
                     return True
     return False
 
