@@ -119,15 +119,134 @@ def test_patch_output_is_the_webhook_patch() -> None:
 
 def test_custom_resource_mentioning_gpu_memory_passes_with_a_warning() -> None:
     cr = {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
+        "apiVersion": "example.com/v1",
+        "kind": "Trainer",
         "metadata": {"name": "pj"},
         "spec": {"template": {"spec": GPU_SPEC}},
     }
     code, out, err = run_mutate(yaml.safe_dump(cr))
     assert code == 0
     assert yaml.safe_load(out) == cr
-    assert "warning: document 1 (PyTorchJob/pj) mentions aliyun.com/gpu-mem" in err
+    assert "warning: document 1 (Trainer/pj) mentions aliyun.com/gpu-mem" in err
+
+
+TEMPLATE = {"metadata": {"labels": {"app": "x"}}, "spec": GPU_SPEC}
+# Published samples and the training-job kinds GPU users run: (document, pod template paths).
+TEMPLATED = [
+    (
+        {"apiVersion": "extensions/v1beta1", "kind": "Deployment", "spec": {"template": TEMPLATE}},
+        ["spec.template"],
+    ),
+    (
+        {"apiVersion": "apps/v1beta1", "kind": "StatefulSet", "spec": {"template": TEMPLATE}},
+        ["spec.template"],
+    ),
+    (
+        {"apiVersion": "apps/v1beta2", "kind": "DaemonSet", "spec": {"template": TEMPLATE}},
+        ["spec.template"],
+    ),
+    (
+        {
+            "apiVersion": "batch/v1beta1",
+            "kind": "CronJob",
+            "spec": {"jobTemplate": {"spec": {"template": TEMPLATE}}},
+        },
+        ["spec.jobTemplate.spec.template"],
+    ),
+    (
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "spec": {
+                "pytorchReplicaSpecs": {
+                    "Master": {"replicas": 1, "template": TEMPLATE},
+                    "Worker": {"replicas": 2, "template": TEMPLATE},
+                }
+            },
+        },
+        ["spec.pytorchReplicaSpecs.Master.template", "spec.pytorchReplicaSpecs.Worker.template"],
+    ),
+    (
+        {
+            "apiVersion": "kubeflow.org/v2beta1",
+            "kind": "MPIJob",
+            "spec": {"mpiReplicaSpecs": {"Worker": {"template": TEMPLATE}}},
+        },
+        ["spec.mpiReplicaSpecs.Worker.template"],
+    ),
+    (
+        {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "spec": {
+                "replicatedJobs": [
+                    {"name": "workers", "template": {"spec": {"template": TEMPLATE}}}
+                ]
+            },
+        },
+        ["spec.replicatedJobs.0.template.spec.template"],
+    ),
+    (
+        {
+            "apiVersion": "leaderworkerset.x-k8s.io/v1",
+            "kind": "LeaderWorkerSet",
+            "spec": {"leaderWorkerTemplate": {"workerTemplate": TEMPLATE}},
+        },
+        ["spec.leaderWorkerTemplate.workerTemplate"],
+    ),
+    (
+        {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayCluster",
+            "spec": {
+                "headGroupSpec": {"template": TEMPLATE},
+                "workerGroupSpecs": [{"groupName": "gpu", "template": TEMPLATE}],
+            },
+        },
+        ["spec.headGroupSpec.template", "spec.workerGroupSpecs.0.template"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("document", "paths"),
+    TEMPLATED,
+    ids=[f"{doc['apiVersion']}-{doc['kind']}" for doc, _ in TEMPLATED],
+)
+def test_every_pod_template_of_a_known_kind_is_previewed(
+    document: dict[str, Any], paths: list[str]
+) -> None:
+    document = {**document, "metadata": {"name": "w"}}
+    code, out, err = run_mutate(yaml.safe_dump(document))
+    assert code == 0, err
+    done = yaml.safe_load(out)
+    for path in paths:
+        node: Any = done
+        for key in path.split("."):
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        env = {e["name"]: e["value"] for e in node["spec"]["containers"][0]["env"]}
+        assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m", path
+    removed = document["apiVersion"] in {"extensions/v1beta1", "apps/v1beta1", "apps/v1beta2"}
+    if removed or document["apiVersion"] == "batch/v1beta1":
+        assert f"{document['apiVersion']} was removed in Kubernetes 1." in err
+    else:
+        assert "warning" not in err
+
+
+def test_a_refused_template_is_named_by_its_path() -> None:
+    big = {"metadata": {}, "spec": pod(container(gpu="99"))["spec"]}
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "pj"},
+        "spec": {
+            "pytorchReplicaSpecs": {"Master": {"template": TEMPLATE}, "Worker": {"template": big}}
+        },
+    }
+    code, _, err = run_mutate(yaml.safe_dump(job))
+    assert code == 1
+    assert "rejected: document 1 (PyTorchJob/pj) spec.pytorchReplicaSpecs.Worker.template:" in err
+    assert "Master" not in err
 
 
 def test_v1_list_input_is_expanded() -> None:

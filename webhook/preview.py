@@ -1,8 +1,9 @@
 """The offline preview: run the webhook's own decision over YAML documents.
 
-Owns finding the pod inside a workload (a Pod, or the pod template of a
-Deployment, StatefulSet, DaemonSet, ReplicaSet, Job or CronJob) and
-applying the decision to it, so ``gpushare-webhook mutate`` shows in CI
+Owns finding the pods inside a document (a Pod, the pod template of a
+built-in workload, including API versions clusters no longer serve, or the
+pod templates of the training-job kinds in ``WORKLOADS``) and applying the
+decision to each, so ``gpushare-webhook mutate`` shows in CI
 exactly what admission will do — one code path with the webhook, like
 ``istioctl kube-inject``.
 """
@@ -21,33 +22,101 @@ from webhook.decision.capacity import limits_for
 from webhook.decision.plan import Decision, plan
 from webhook.decision.policy import Policy
 
-# Where each kind keeps its pod template (None: the object is the pod).
-TEMPLATE_PATHS: dict[str, tuple[str, ...] | None] = {
-    "Pod": None,
-    "Deployment": ("spec", "template"),
-    "StatefulSet": ("spec", "template"),
-    "DaemonSet": ("spec", "template"),
-    "ReplicaSet": ("spec", "template"),
-    "ReplicationController": ("spec", "template"),
-    "Job": ("spec", "template"),
-    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+Path = tuple[str, ...]  # keys from the document to a pod template; "*" is every item
+_TEMPLATE: Path = ("spec", "template")
+
+# Where each kind keeps its pod templates, by API group and kind (a Pod is its own).
+WORKLOADS: dict[tuple[str, str], tuple[Path, ...]] = {
+    ("", "Pod"): ((),),
+    ("", "ReplicationController"): (_TEMPLATE,),
+    ("apps", "Deployment"): (_TEMPLATE,),
+    ("apps", "StatefulSet"): (_TEMPLATE,),
+    ("apps", "DaemonSet"): (_TEMPLATE,),
+    ("apps", "ReplicaSet"): (_TEMPLATE,),
+    ("batch", "Job"): (_TEMPLATE,),
+    ("batch", "CronJob"): (("spec", "jobTemplate", "spec", "template"),),
+    # Training jobs GPU users run (Kubeflow's training operator, JobSet,
+    # LeaderWorkerSet, KubeRay); each replica group has its own template.
+    ("kubeflow.org", "PyTorchJob"): (("spec", "pytorchReplicaSpecs", "*", "template"),),
+    ("kubeflow.org", "TFJob"): (("spec", "tfReplicaSpecs", "*", "template"),),
+    ("kubeflow.org", "MPIJob"): (("spec", "mpiReplicaSpecs", "*", "template"),),
+    ("kubeflow.org", "XGBoostJob"): (("spec", "xgbReplicaSpecs", "*", "template"),),
+    ("kubeflow.org", "PaddleJob"): (("spec", "paddleReplicaSpecs", "*", "template"),),
+    ("jobset.x-k8s.io", "JobSet"): (("spec", "replicatedJobs", "*", "template", *_TEMPLATE),),
+    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"): (
+        ("spec", "leaderWorkerTemplate", "leaderTemplate"),
+        ("spec", "leaderWorkerTemplate", "workerTemplate"),
+    ),
+    ("ray.io", "RayCluster"): (
+        ("spec", "headGroupSpec", "template"),
+        ("spec", "workerGroupSpecs", "*", "template"),
+    ),
+    ("ray.io", "RayJob"): (
+        ("spec", "rayClusterSpec", "headGroupSpec", "template"),
+        ("spec", "rayClusterSpec", "workerGroupSpecs", "*", "template"),
+    ),
+    ("ray.io", "RayService"): (
+        ("spec", "rayClusterConfig", "headGroupSpec", "template"),
+        ("spec", "rayClusterConfig", "workerGroupSpecs", "*", "template"),
+    ),
 }
-_BUILTIN_GROUPS = {"v1", "apps/v1", "batch/v1"}
+# API versions of the built-in groups that current clusters no longer serve,
+# still common in published samples: previewed, with a note.
+REMOVED = {
+    "extensions/v1beta1": "1.16",
+    "apps/v1beta1": "1.16",
+    "apps/v1beta2": "1.16",
+    "batch/v1beta1": "1.25",
+    "batch/v2alpha1": "1.21",
+}
+_SERVED = {"": {"v1"}, "apps": {"v1"}, "batch": {"v1"}}
+_OLD_GROUPS = {"extensions": "apps"}  # extensions/v1beta1 workloads live in apps now
+
+
+def _group_kind(api_version: str, kind: str) -> tuple[str, str]:
+    group = api_version.rpartition("/")[0]
+    return _OLD_GROUPS.get(group, group), kind
+
+
+def _templates(document: Mapping[str, Any], path: Path) -> list[tuple[Path, Any]]:
+    """Each (concrete path, value) that ``path`` reaches, "*" taking every item."""
+    found: list[tuple[Path, Any]] = [((), document)]
+    for key in path:
+        step: list[tuple[Path, Any]] = []
+        for at, node in found:
+            if key == "*" and isinstance(node, Mapping):
+                step += [((*at, str(k)), v) for k, v in node.items()]
+            elif key == "*" and isinstance(node, list):
+                step += [((*at, str(i)), v) for i, v in enumerate(node)]
+            elif isinstance(node, Mapping) and key in node:
+                step.append(((*at, key), node[key]))
+        found = step
+    return found
+
+
+def _pointer(path: Path) -> str:
+    return "".join("/" + key.replace("~", "~0").replace("/", "~1") for key in path)
 
 
 @dataclass
 class Preview:
-    """The result for one document."""
+    """The result for one document: a decision for each of its pod templates."""
 
     label: str
     document: Any
-    decision: Decision | None = None
+    decisions: list[tuple[str, Decision]] = field(default_factory=list)  # (where, decision)
     patch: list[dict[str, Any]] = field(default_factory=list)  # JSON Patch ops, as JSON data
     notes: list[str] = field(default_factory=list)
 
     @property
+    def decision(self) -> Decision | None:
+        """The first refusal, else the first template's decision (a Pod's own)."""
+        ordered = sorted(self.decisions, key=lambda found: found[1].allowed)  # stable
+        return ordered[0][1] if ordered else None
+
+    @property
     def rejected(self) -> bool:
-        return self.decision is not None and not self.decision.allowed
+        return any(not decision.allowed for _, decision in self.decisions)
 
 
 def describe(document: Any, index: int) -> str:
@@ -60,44 +129,57 @@ def describe(document: Any, index: int) -> str:
 
 
 def preview(document: Any, policy: Policy, *, index: int = 1, namespace: str = "") -> Preview:
-    """What admission does to the pod of ``document``.
+    """What admission does to the pods of ``document``.
 
     ``namespace`` is where it will be created when its metadata names none
     (``kubectl apply -n``): the policy's namespace rules depend on it.
     """
     label = describe(document, index)
+    result = Preview(label, document)
     if not isinstance(document, Mapping):
-        return Preview(label, document)
+        return result
     kind, api_version = document.get("kind"), document.get("apiVersion")
-    if kind not in TEMPLATE_PATHS or api_version not in _BUILTIN_GROUPS:
-        result = Preview(label, document)
+    paths = None
+    if isinstance(kind, str) and isinstance(api_version, str):
+        group, kind = _group_kind(api_version, kind)
+        paths = WORKLOADS.get((group, kind))
+        if paths and api_version in REMOVED:
+            result.notes.append(
+                f"{label}: {api_version} was removed in Kubernetes {REMOVED[api_version]}; "
+                f"previewed as {group or 'v1'}/v1 {kind}, which is what a cluster accepts now"
+            )
+        elif paths and group in _SERVED and api_version.rpartition("/")[2] not in _SERVED[group]:
+            paths = None  # an API version of a built-in group that no cluster serves
+    if not paths:
         if policy.resource_name in json.dumps(document, default=str):
             result.notes.append(
                 f"{label} mentions {policy.resource_name} but is not a kind the preview "
                 "knows; its pods will be checked when they are created"
             )
         return result
-    path = TEMPLATE_PATHS[kind]
-    pod: Any = document
-    for key in path or ():
-        pod = pod.get(key) if isinstance(pod, Mapping) else None
-    if not isinstance(pod, Mapping):
-        return Preview(
-            label, document, notes=[f"{label} has no pod template at {'.'.join(path or ())}"]
-        )
+    templates = [found for path in paths for found in _templates(document, path)]
+    if not templates:
+        where = " or ".join(".".join(path) for path in paths)
+        result.notes.append(f"{label} has no pod template at {where}")
+        return result
     meta = document.get("metadata")
     namespace = (meta.get("namespace") if isinstance(meta, Mapping) else None) or namespace
-    spec = pod.get("spec")
-    decision = plan(
-        pod,
-        policy,
-        namespace=str(namespace or ""),
-        limits=limits_for(spec if isinstance(spec, Mapping) else {}, policy, None),
-    )
-    result = Preview(label, document, decision)
-    if decision.allowed and decision.ops:
-        prefix = "".join(f"/{key}" for key in path or ())
-        ops = [{**op, "path": prefix + op["path"]} for op in decision.patch]
+    ops: list[dict[str, Any]] = []
+    for at, pod in templates:
+        if not isinstance(pod, Mapping):
+            result.notes.append(f"{label}: {'.'.join(at)} is not a pod template")
+            continue
+        spec = pod.get("spec")
+        decision = plan(
+            pod,
+            policy,
+            namespace=str(namespace or ""),
+            limits=limits_for(spec if isinstance(spec, Mapping) else {}, policy, None),
+        )
+        result.decisions.append((".".join(at), decision))
+        prefix = _pointer(at)
+        ops += [{**op, "path": prefix + op["path"]} for op in decision.patch]
+    if ops and not result.rejected:
         result.patch = ops
         result.document = jsonpatch.apply_patch(copy.deepcopy(document), ops)
     return result

@@ -58,13 +58,14 @@ def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: 
     for result in results:
         for note in result.notes:
             print(f"warning: {note}", file=stderr)
-        if result.decision is not None:
-            for warning in result.decision.warnings:
-                print(f"warning: {result.label}: {warning}", file=stderr)
-        if result.rejected:
-            assert result.decision is not None
-            print(f"rejected: {result.label}: {result.decision.message}", file=stderr)
-        else:
+        several = len(result.decisions) > 1
+        for where, decision in result.decisions:
+            label = f"{result.label} {where}" if several else result.label
+            for warning in decision.warnings:
+                print(f"warning: {label}: {warning}", file=stderr)
+            if not decision.allowed:
+                print(f"rejected: {label}: {decision.message}", file=stderr)
+        if not result.rejected:
             kept.append(result)
     if args.output == "patch":
         patches = [r.patch for r in kept]
