@@ -132,7 +132,7 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
         checks.check_mounts(container, base, ask, policy, shape)
     checks.check_annotations(metadata)
 
-    warnings: list[str] = []
+    warnings = _claim_warnings(spec, policy)
     ops = inject.scheduler_ops(spec, policy) + inject.volume_ops(spec, shape)
     for ask, container, base in places:
         ops += inject.env_ops(container, base, ask, shape, warnings)
@@ -147,6 +147,23 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
         demand=demand,
         asks=tuple(asks),
     )
+
+
+def _claim_warnings(spec: Mapping[str, Any], policy: Policy) -> list[str]:
+    """A note for a pod that also claims devices through DRA, which the shim knows nothing of.
+
+    Passed through, not refused: a claim is as often a NIC (RDMA for
+    training across nodes) as a GPU, and the pod cannot say which.
+    """
+    claims = spec.get("resourceClaims")
+    if not isinstance(claims, list) or not claims:
+        return []
+    names = ", ".join(str(c.get("name")) for c in claims if isinstance(c, dict)) or "unnamed"
+    return [
+        f"the pod also claims devices through Dynamic Resource Allocation "
+        f"(spec.resourceClaims: {names}); the GPU shim limits the memory asked with "
+        f"{policy.resource_name} only, not a GPU a claim allocates"
+    ]
 
 
 def plan_ephemeral(pod: object, policy: Policy, *, namespace: str = "") -> Decision:
