@@ -90,15 +90,61 @@ def test_a_pod_too_big_for_any_gpu_is_refused_with_our_message(cluster: Installe
 
 
 def test_warnings_reach_kubectl(cluster: Installed) -> None:
-    container = gpu_container(env=[{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "80g"}])
+    container = gpu_container(env=[{"name": "CUDA_DEVICE_MEMORY_LIMIT_3", "value": "80g"}])
     manifest = json.dumps(pod_manifest("warned", container))
     done = cluster.plane.kubectl("apply", "-n", TEAM, "-f", "-", stdin=manifest)
     assert (
-        "Warning: container 'main': removed CUDA_DEVICE_MEMORY_LIMIT_0, which would override "
+        "Warning: container 'main': removed CUDA_DEVICE_MEMORY_LIMIT_3, which would override "
         "the limit the webhook sets" in done.stderr
     )
-    assert "CUDA_DEVICE_MEMORY_LIMIT_0" not in env_of(
+    assert "CUDA_DEVICE_MEMORY_LIMIT_3" not in env_of(
         stored_pod(cluster.api, TEAM, "warned")["spec"]["containers"][0]
+    )
+
+
+def test_env_from_cannot_loosen_a_pinned_limit(cluster: Installed) -> None:
+    # A ConfigMap the webhook never sees, with and without a prefix: the stored pod
+    # carries the webhook's env entries, which the kubelet puts over envFrom.
+    loosening = {"CUDA_DEVICE_MEMORY_LIMIT_0": "80g", "CUDA_REDIRECT": "/usr/lib/libcuda.so.1"}
+    for name, data in (("loosen", loosening), ("loosen-prefixed", {"MEMORY_LIMIT_0": "80g"})):
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
+        cluster.plane.kubectl("apply", "-n", TEAM, "-f", "-", stdin=json.dumps(cm))
+    env_from = [
+        {"configMapRef": {"name": "loosen"}},
+        {"configMapRef": {"name": "loosen-prefixed"}, "prefix": "CUDA_DEVICE_"},
+    ]
+    manifest = json.dumps(pod_manifest("env-from", gpu_container(envFrom=env_from)))
+    cluster.plane.kubectl("apply", "-n", TEAM, "-f", "-", stdin=manifest)
+    env = env_of(stored_pod(cluster.api, TEAM, "env-from")["spec"]["containers"][0])
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "4096m"
+    assert env["CUDA_REDIRECT"] == "/usr/local/vgpu/libvgpu.so"
+
+
+def test_the_gpu_count_label_of_acks_sample_job_reaches_its_pod(cluster: Installed) -> None:
+    # ACK's multi-GPU sample: the count is a label of the Job's pod template.
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "multigpu"},
+        "spec": {
+            "template": {
+                "metadata": {"labels": {"app": "multigpu", "aliyun.com/gpu-count": "2"}},
+                "spec": {
+                    "containers": [gpu_container(gpu="8")],
+                    "restartPolicy": "Never",
+                },
+            }
+        },
+    }
+    cluster.plane.kubectl("apply", "-n", TEAM, "-f", "-", stdin=json.dumps(job))
+    core = client.CoreV1Api(cluster.api)
+    eventually(lambda: core.list_namespaced_pod(TEAM, label_selector="app=multigpu").items)
+    (made,) = core.list_namespaced_pod(TEAM, label_selector="app=multigpu").items
+    env = env_of(stored_pod(cluster.api, TEAM, made.metadata.name)["spec"]["containers"][0])
+    limits = {k: v for k, v in env.items() if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")}
+    assert limits == dict.fromkeys(
+        ["CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_MEMORY_LIMIT_1"],
+        "4096m",
     )
 
 
