@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import GPU, apply, container, pod
 from webhook.decision import contract
+from webhook.decision.layout import PINNED_KEPT, layout
 from webhook.decision.plan import plan
 from webhook.decision.policy import DEFAULT_POLICY, parse_policy_text
 
@@ -158,3 +159,24 @@ def test_the_threat_model_lists_every_variable_the_shim_reads() -> None:
         "docs/security.md must show webhook.decision.contract.VARIABLES as table rows:\n"
         + "\n".join(missing)
     )
+
+
+def test_pinned_values_are_made_once_per_layout_and_kept_within_a_bound() -> None:
+    """The pinned env of an ask is shared by every pod that asks the same (its JSON too)."""
+    shape = layout(DEFAULT_POLICY.shim, DEFAULT_POLICY.env, DEFAULT_POLICY.mib_per_unit)
+    first = shape.pinned("train", 4, 2, 50)
+    assert shape.pinned("train", 4, 2, 50) is first
+    assert [entry.data for entry in first.entries] == [
+        {"name": name, "value": value} for name, value in first.values.items()
+    ]
+    assert first.env.data == [
+        *(e.data for e in first.entries),
+        {"name": "LD_PRELOAD", "value": SHIM},
+    ]
+    assert first.values["CUDA_DEVICE_MEMORY_LIMIT_1"] == "4096m"
+    assert first.values["CUDA_DEVICE_SM_LIMIT_1"] == "50"
+    for n in range(PINNED_KEPT + 1):
+        shape.pinned(f"c{n}", 1, 1, None)
+    assert len(shape._pinned) <= PINNED_KEPT
+    again = shape.pinned("train", 4, 2, 50)  # made again, the same
+    assert (again.values, again.env.data) == (first.values, first.env.data)

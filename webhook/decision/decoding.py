@@ -20,11 +20,13 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # NB: a JSON object with a key twice is read differently by different
     # parsers (first or last wins); the apiserver never sends one, so an
     # ambiguous body is refused instead of guessed at.
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ReviewError(f"duplicate key {key!r} in JSON object")
-        out[key] = value
+    out = dict(pairs)  # in C: the usual object, with no key twice, costs one length check
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ReviewError(f"duplicate key {key!r} in JSON object")
+            seen.add(key)
     return out
 
 

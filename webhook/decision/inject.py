@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.decision import contract, patch
+from webhook.decision import patch
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.checks import mount_key
 from webhook.decision.layout import PRELOAD, STATUS_ANNOTATION, Layout
@@ -64,25 +64,8 @@ def mount_ops(container: Mapping[str, Any], base: str, layout: Layout) -> list[O
 
 
 def limit_env(ask: ContainerAsk, layout: Layout) -> dict[str, str]:
-    """The variables pinned in one container, by name (see webhook.decision.contract).
-
-    The shim reads each device's own variable before the plain one, so both
-    are set for every GPU the container gets: a ConfigMap given through
-    ``envFrom`` cannot set either, since an ``env`` entry wins over it.
-    """
-    mib = f"{ask.memory * layout.mib_per_unit}m"
-    wanted = {layout.memory_limit: mib}
-    for device in range(ask.gpus):
-        wanted[f"{layout.memory_limit}_{device}"] = mib
-    if ask.compute is not None:
-        share = str(ask.compute)
-        wanted[layout.sm_limit] = share
-        for device in range(ask.gpus):
-            wanted[f"{layout.sm_limit}_{device}"] = share
-        wanted[contract.UTILIZATION_POLICY] = contract.UTILIZATION_DEFAULT
-    wanted[contract.REGION] = contract.region_path(ask.name)
-    wanted[contract.REDIRECT] = layout.preload
-    return wanted
+    """The variables pinned in one container, by name (see ``Layout.pinned``)."""
+    return layout.pinned(ask.name, ask.memory, ask.gpus, ask.compute).values
 
 
 def env_ops(
@@ -101,12 +84,11 @@ def env_ops(
     then removals from the highest index down, so no op shifts another's
     target; appends last.
     """
-    wanted = limit_env(ask, layout)
+    pinned = layout.pinned(ask.name, ask.memory, ask.gpus, ask.compute)
+    wanted = pinned.values
     env = container.get("env")
     if env is None:
-        entries = [_entry(name, value) for name, value in wanted.items()]
-        entries.append(_entry(PRELOAD, layout.preload))
-        return [patch.set_field(container, "env", base, entries)]
+        return [patch.set_field(container, "env", base, pinned.env)]
     prefixes = (layout.memory_limit, layout.sm_limit)
     replaced: list[tuple[int, str, str]] = []  # (index, name, value)
     removed: list[int] = []
@@ -150,11 +132,11 @@ def env_ops(
         replaced.sort()  # by index: no two entries share one
     ops = [patch.replace(f"{base}/env/{i}", _entry(name, value)) for i, name, value in replaced]
     ops += [patch.remove(f"{base}/env/{index}") for index in reversed(removed)]
-    ops += [
-        patch.add(f"{base}/env/-", _entry(name, value))
-        for name, value in wanted.items()
-        if name not in seen
-    ]
+    append = f"{base}/env/-"
+    if seen:
+        ops += [patch.add(append, e) for e in pinned.entries if e.data["name"] not in seen]
+    else:
+        ops += [patch.add(append, entry) for entry in pinned.entries]
     if preload_at < 0:
         ops.append(patch.add(f"{base}/env/-", _entry(PRELOAD, preload)))
     return ops

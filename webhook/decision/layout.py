@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from webhook.decision import contract
 from webhook.decision.patch import Fixed
 from webhook.decision.policy import LD_SO_PRELOAD, EnvNames, Shim
 
@@ -25,18 +27,26 @@ STATUS_ANNOTATION = "gpushare-webhook.io/status"
 PRELOAD = "LD_PRELOAD"
 
 
+class Pinned(NamedTuple):
+    """The variables pinned in one container: by name, and as env entries in order."""
+
+    values: dict[str, str]
+    entries: tuple[Fixed[dict[str, str]], ...]  # ``values`` as env entries, to append
+    env: Fixed[list[dict[str, str]]]  # a whole env (``entries`` and LD_PRELOAD), if none
+
+
 class Mount(NamedTuple):
     """One read-only mount of one of the webhook's volumes."""
 
     path: str  # its mount path with one trailing slash, to compare with a container's mounts
-    entry: Fixed  # the volumeMounts entry
+    entry: Fixed[Mapping[str, object]]  # the volumeMounts entry
     holds: str  # what is mounted there, for a message about a mount that would hide it
 
 
 @dataclass(frozen=True)
 class Layout:
     preload: str  # the shim's path in the container, first in LD_PRELOAD
-    volumes: tuple[Fixed, ...]  # the webhook's volumes, the shim's hostPath first
+    volumes: tuple[Fixed[Mapping[str, object]], ...]  # ours, the shim's hostPath first
     volume_names: frozenset[str]
     mount_dir: str  # the shim's mount path with one trailing slash, to compare paths
     mounts: tuple[Mount, ...]
@@ -45,6 +55,47 @@ class Layout:
     sm_limit: str
     shadow: re.Pattern[str]  # per-device variants of the limits (CUDA_DEVICE_MEMORY_LIMIT_3)
     mib_per_unit: int
+    # NB: the pinned variables depend only on the layout and four numbers of
+    # an ask, which repeat across the pods of a workload: kept here, with
+    # the layout they are made of, and their JSON made once.
+    _pinned: dict[tuple[str, int, int, int | None], Pinned] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def pinned(self, name: str, memory: int, gpus: int, compute: int | None) -> Pinned:
+        """The variables pinned in a container (see webhook.decision.contract).
+
+        The shim reads each device's own variable before the plain one, so
+        both are set for every GPU the container gets: a ConfigMap given
+        through ``envFrom`` cannot set either, since an ``env`` entry wins.
+        """
+        key = (name, memory, gpus, compute)
+        found = self._pinned.get(key)
+        if found is None:
+            if len(self._pinned) >= PINNED_KEPT:
+                self._pinned.clear()  # a bound, not an eviction policy: refilling is cheap
+            found = self._pinned[key] = self._pin(name, memory, gpus, compute)
+        return found
+
+    def _pin(self, name: str, memory: int, gpus: int, compute: int | None) -> Pinned:
+        mib = f"{memory * self.mib_per_unit}m"
+        values = {self.memory_limit: mib}
+        for device in range(gpus):
+            values[f"{self.memory_limit}_{device}"] = mib
+        if compute is not None:
+            share = str(compute)
+            values[self.sm_limit] = share
+            for device in range(gpus):
+                values[f"{self.sm_limit}_{device}"] = share
+            values[contract.UTILIZATION_POLICY] = contract.UTILIZATION_DEFAULT
+        values[contract.REGION] = contract.region_path(name)
+        values[contract.REDIRECT] = self.preload
+        entries = [{"name": key, "value": value} for key, value in values.items()]
+        whole = [*entries, {"name": PRELOAD, "value": self.preload}]
+        return Pinned(values, tuple(Fixed(entry) for entry in entries), Fixed(whole))
+
+
+PINNED_KEPT = 4096  # distinct (container name, memory, GPUs, compute) kept per layout
 
 
 def _mount(volume: str, path: str, holds: str, sub_path: str = "") -> Mount:

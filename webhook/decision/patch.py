@@ -18,7 +18,7 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 # NB: everything the webhook writes as JSON is ASCII, with the rest escaped:
 # a review (its uid, a value the patch carries) or a policy may hold a lone
@@ -42,8 +42,11 @@ class EnvVar(NamedTuple):
     value: str
 
 
+T = TypeVar("T", bound="Mapping[str, Any] | Sequence[Mapping[str, Any]]")
+
+
 @dataclass(frozen=True, eq=False)
-class Fixed:
+class Fixed(Generic[T]):
     """A value that is the same in every patch of one policy (the shim's volume and mounts).
 
     Made once per policy layout and shared by every patch, so it must not
@@ -51,14 +54,14 @@ class Fixed:
     time a patch holding it is encoded, and kept with it.
     """
 
-    data: Mapping[str, Any]
+    data: T
 
     @functools.cached_property
     def text(self) -> str:
         return compact_json(self.data)
 
 
-Value = str | EnvVar | Fixed | list[Any] | Mapping[str, Any]
+Value = str | EnvVar | Fixed[Any] | list[Any] | Mapping[str, Any]
 
 
 class Op(NamedTuple):
