@@ -17,7 +17,7 @@ import base64
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 # NB: everything the webhook writes as JSON is ASCII, with the rest escaped:
@@ -33,6 +33,9 @@ sorted_ascii_json = json.JSONEncoder(
 
 
 compact_json = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
+
+_string = json.encoder.encode_basestring_ascii  # a JSON string literal, quotes included
 
 
 class EnvVar(NamedTuple):
@@ -51,14 +54,30 @@ class Fixed(Generic[T]):
 
     Made once per policy layout and shared by every patch, so it must not
     be changed: :func:`plain` hands out copies. Its JSON is made the first
-    time a patch holding it is encoded, and kept with it.
+    time a patch holding it is encoded, and kept with it, and so is the
+    JSON of each op that carries it: the same few paths (``env/-`` of the
+    first containers) come back in every pod.
     """
 
     data: T
+    _ops: dict[tuple[str, str], str] = field(default_factory=dict, repr=False)
 
     @functools.cached_property
     def text(self) -> str:
         return compact_json(self.data)
+
+    def op_text(self, op: str, path: str) -> str:
+        """The JSON of one op that carries this value."""
+        key = (op, path)
+        found = self._ops.get(key)
+        if found is None:
+            found = f'{{"op":"{op}","path":{_string(path)},"value":{self.text}}}'
+            if len(self._ops) < OPS_KEPT:
+                self._ops[key] = found
+        return found
+
+
+OPS_KEPT = 64  # op texts kept per value: the paths of the first containers of a pod
 
 
 Value = str | EnvVar | Fixed[Any] | list[Any] | Mapping[str, Any]
@@ -99,7 +118,6 @@ def set_field(parent: Mapping[str, Any], key: str, base: str, value: Value) -> O
 # dicts: it spends about a microsecond on every op (more than the decision
 # spends deciding it), while most of an op's text is a name, a path and a
 # value whose JSON is known (a Fixed value's) or two quoted strings.
-_string = json.encoder.encode_basestring_ascii  # a JSON string literal, quotes included
 
 
 def _value(value: Any) -> str:
@@ -121,7 +139,9 @@ def to_json(ops: Sequence[Op]) -> str:
         "["
         + ",".join(
             [
-                f'{{"op":"{op}","path":{_string(path)},"value":{_value(value)}}}'
+                value.op_text(op, path)
+                if type(value) is Fixed
+                else f'{{"op":"{op}","path":{_string(path)},"value":{_value(value)}}}'
                 if op != "remove"
                 else f'{{"op":"remove","path":{_string(path)}}}'
                 for op, path, value in ops
