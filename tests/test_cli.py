@@ -14,6 +14,8 @@ import yaml
 
 from tests.helpers import container, pod
 from webhook.cli import build_parser, cmd_mutate, main
+from webhook.cli.args import SERVE_DEFAULTS
+from webhook.serving.server import ServeOptions
 
 
 def run_mutate(text: str, *args: str) -> tuple[int, str, str]:
@@ -325,3 +327,17 @@ def test_console_script_is_installed() -> None:
     )
     assert done.returncode == 0
     assert done.stdout.startswith("gpushare-webhook ")
+
+
+def test_serve_help_shows_the_defaults_serve_uses() -> None:
+    options = ServeOptions(bind="x:1", cert=Path("c"), key=Path("k"))
+    assert {
+        "workers": options.workers,
+        "threads": options.threads,
+        "read_timeout": options.read_timeout,
+    } == SERVE_DEFAULTS
+    text = " ".join(
+        build_parser()._subparsers._group_actions[0].choices["serve"].format_help().split()
+    )  # type: ignore[union-attr]
+    for default in ["(default: 2)", "(default: 4)", "(default: 10)", "default: 0.0.0.0:8443"]:
+        assert default in text

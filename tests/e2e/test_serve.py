@@ -134,6 +134,13 @@ def test_dev_certificate_is_made_once_and_reused(tmp_path: Path) -> None:
         ),
         (["--cert", "/nonexistent/tls.crt"], "give --cert and --key together"),
         (["--bind", "8443"], "expected HOST:PORT"),
+        (["--bind", "127.0.0.1:70000"], "the port must be 1 to 65535"),
+        (["--bind", "127.0.0.1:0"], "choose a port"),
+        (["--bind", "no-such-host.invalid:8443"], "cannot resolve 'no-such-host.invalid'"),
+        (["--workers", "0"], "argument --workers: '0': must be at least 1"),
+        (["--threads", "many"], "argument --threads: 'many' is not a whole number"),
+        (["--read-timeout", "0"], "argument --read-timeout: '0': must be more than 0 seconds"),
+        (["--read-timeout", "nan"], "must be more than 0 seconds"),
     ],
 )
 def test_serve_refuses_to_start_with_a_clear_message(args: list[str], message: str) -> None:
@@ -147,6 +154,59 @@ def test_serve_refuses_to_start_with_a_clear_message(args: list[str], message: s
     assert done.returncode == 2
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _serve_fails(*args: str) -> str:
+    """Run serve, which must refuse to start: exit 2 and one line, no traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    return done.stderr
+
+
+def test_serve_refuses_a_port_another_program_listens_on() -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        assert f"port {port} is already in use" in _serve_fails("--bind", f"127.0.0.1:{port}")
+
+
+def test_a_second_serve_on_a_served_port_is_refused(server: Server, tmp_path: Path) -> None:
+    """Its workers would share the port (SO_REUSEPORT), and the kernel split the requests."""
+    message = _serve_fails("--bind", f"127.0.0.1:{server.port}", "--certs-dir", str(tmp_path))
+    assert "already in use (by another program, or another gpushare-webhook serve)" in message
+    assert not (tmp_path / "tls.crt").exists()  # refused before anything was made
+    assert server.request("GET", "/healthz")[0] == 200
+
+
+def test_serve_never_replaces_a_pair_made_for_another_server(tmp_path: Path) -> None:
+    made = subprocess.run(
+        [sys.executable, "-m", "webhook", "certs", "create", "--out", str(tmp_path)],
+        capture_output=True,
+        check=True,
+    )
+    assert made.returncode == 0
+    before = (tmp_path / "tls.crt").read_bytes()
+    message = _serve_fails("--certs-dir", str(tmp_path), "--bind", f"127.0.0.1:{free_port()}")
+    assert "is not a development certificate (it names gpushare-webhook," in message
+    assert f"--cert {tmp_path}/tls.crt --key {tmp_path}/tls.key" in message
+    assert (tmp_path / "tls.crt").read_bytes() == before
+
+
+def test_serve_refuses_a_certs_dir_it_cannot_use(tmp_path: Path) -> None:
+    file = tmp_path / "file"
+    file.write_text("")
+    bind = ["--bind", f"127.0.0.1:{free_port()}"]
+    assert "is a file, not a directory" in _serve_fails("--certs-dir", str(file), *bind)
+    under = str(file / "certs")
+    assert "cannot be made" in _serve_fails("--certs-dir", under, *bind)
 
 
 def test_serve_refuses_a_broken_policy(tmp_path: Path) -> None:
@@ -187,3 +247,9 @@ def test_watch_nodes_without_credentials_stops_start_up(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "no usable Kubernetes credentials" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_start_up_lines_name_the_address(server: Server) -> None:
+    text = server.log.read_text()
+    assert f"Listening at: https://127.0.0.1:{server.port} (" in text
+    assert f"https://127.0.0.1:{server.port}/mutate" in text

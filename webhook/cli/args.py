@@ -25,6 +25,31 @@ def duration(text: str) -> dt.timedelta:
     return dt.timedelta(**{{"d": "days", "h": "hours", "m": "minutes"}[unit]: amount})
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 seconds")
+    return value
+
+
+# NB: serve's defaults live in webhook.serving (ServeOptions); they are written
+# here too so --help needs no gunicorn import, and a test holds the two equal.
+SERVE_DEFAULTS = {"workers": 2, "threads": 4, "read_timeout": 10.0}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpushare-webhook",
@@ -44,16 +69,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="where a development CA and certificate are made when --cert is not given "
         "(default: %(default)s)",
     )
-    serve.add_argument("--bind", default="0.0.0.0:8443", metavar="HOST:PORT")
-    serve.add_argument("--workers", type=int, default=None, help="gunicorn worker processes")
-    serve.add_argument("--threads", type=int, default=None, help="threads per worker")
+    serve.add_argument(
+        "--bind", default="0.0.0.0:8443", metavar="HOST:PORT", help="default: %(default)s"
+    )
+    serve.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        help=f"gunicorn worker processes (default: {SERVE_DEFAULTS['workers']})",
+    )
+    serve.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help=f"threads per worker (default: {SERVE_DEFAULTS['threads']})",
+    )
     serve.add_argument(
         "--read-timeout",
-        type=float,
+        type=positive_seconds,
         default=None,
         metavar="SECONDS",
         help="time a client has from connecting (or its first byte on a kept-alive "
-        "connection) to send a whole request (default: 10)",
+        f"connection) to send a whole request (default: {SERVE_DEFAULTS['read_timeout']:g})",
     )
     serve.add_argument(
         "--worker-class",
@@ -71,9 +108,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--no-metrics", dest="metrics", action="store_false", help="do not serve /metrics"
     )
-    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     serve.add_argument(
-        "--log-format", default="json", choices=("json", "text"), help="default: %(default)s"
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="default: %(default)s",
+    )
+    serve.add_argument(
+        "--log-format",
+        default="json",
+        choices=("json", "text"),
+        help="one JSON object per line, for a log collector, or text for a person "
+        "(default: %(default)s)",
     )
     serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
 

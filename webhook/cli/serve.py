@@ -8,10 +8,12 @@ one line and exit 2, not a worker restart loop.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import logging.config
 import os
 import shutil
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,15 +38,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     source = PolicySource(Path(args.policy) if args.policy else None)
     if bool(args.cert) != bool(args.key):
         raise CertificateError("give --cert and --key together, or neither for a development pair")
-    host, _, port = args.bind.rpartition(":")
-    if not port.isdigit() or not host:
-        raise InputError(f"--bind {args.bind!r}: expected HOST:PORT, such as 0.0.0.0:8443")
+    host, port = _bind(args.bind)
+    _check_port_free(host, int(port), args.bind)
     if args.cert:
         cert, key = Path(args.cert), Path(args.key)
     else:
-        issued = tls.ensure_certificates(
-            Path(args.certs_dir), dns_names=["localhost"], ips=["127.0.0.1", "::1"]
-        )
+        issued = tls.ensure_certificates(_dev_dir(Path(args.certs_dir)), **_DEV_NAMES)
         cert, key = issued.cert, issued.key
         local = "localhost" if host in ("0.0.0.0", "127.0.0.1", "::", "localhost") else host
         print(
@@ -118,6 +117,85 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if owned_dir is not None and os.getpid() == master:
             shutil.rmtree(owned_dir, ignore_errors=True)
     return EXIT_OK
+
+
+_DEV_NAMES: dict[str, Any] = {"dns_names": ["localhost"], "ips": ["127.0.0.1", "::1"]}
+
+
+def _bind(bind: str) -> tuple[str, str]:
+    """(host, port) of ``--bind``, refused in one line when it cannot be listened on."""
+    host, _, port = bind.rpartition(":")
+    if not port.isdigit() or not host:
+        raise InputError(f"--bind {bind!r}: expected HOST:PORT, such as 0.0.0.0:8443")
+    if int(port) == 0:
+        raise InputError(
+            f"--bind {bind!r}: choose a port; with 0, each worker would listen on one of its own"
+        )
+    if int(port) > 65535:
+        raise InputError(f"--bind {bind!r}: the port must be 1 to 65535")
+    return host, port
+
+
+def _check_port_free(host: str, port: int, bind: str) -> None:
+    """Refuse a port another program, or another ``serve``, already listens on.
+
+    NB: the workers share the port with SO_REUSEPORT, so a second server
+    started on a busy port would be let in by the kernel and handed half of
+    the connections. A probe bound without SO_REUSEPORT fails against any
+    listener, ours included (SO_REUSEADDR only passes connections that are
+    closing).
+    """
+    try:
+        infos = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (socket.gaierror, UnicodeError) as error:
+        raise InputError(f"--bind {bind!r}: cannot resolve {host!r} ({error})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise InputError(
+                    f"--bind {bind}: port {port} is already in use (by another program, or "
+                    "another gpushare-webhook serve); stop it or choose another port"
+                ) from None
+            raise InputError(f"--bind {bind}: cannot listen there ({error.strerror})") from None
+
+
+def _dev_dir(directory: Path) -> Path:
+    """The development pair's directory, if serve may make or renew a pair in it.
+
+    A pair someone made for another server (``certs create`` for the
+    Service, say) is never replaced: serve refuses it and says how to use it.
+    """
+    from webhook import tls
+
+    if directory.exists() and not directory.is_dir():
+        raise InputError(f"--certs-dir {directory}: is a file, not a directory")
+    cert = directory / tls.CERT_FILE
+    if cert.is_file():
+        try:
+            names = tls.subject_names(tls.load_certs(cert)[0])
+        except CertificateError:
+            names = []  # unreadable: made again, as before
+        else:
+            wanted = [*_DEV_NAMES["dns_names"], *_DEV_NAMES["ips"]]
+            if not set(wanted) <= set(names):
+                named = ", ".join(names) or "no host"
+                raise CertificateError(
+                    f"{cert} is not a development certificate (it names {named}, "
+                    f"not {', '.join(wanted)}), and serve does not replace it: serve it with "
+                    f"--cert {cert} --key {directory / tls.KEY_FILE}, or give --certs-dir a "
+                    "directory of its own"
+                )
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(f"--certs-dir {directory}: cannot be made ({error.strerror})") from None
+    return directory
 
 
 def _readiness(

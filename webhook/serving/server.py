@@ -144,3 +144,10 @@ class QuietAccessLogger(Logger):  # type: ignore[misc]
     def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
         if self.cfg.accesslog:
             super().access(resp, req, environ, request_time)
+
+    def info(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        # NB: with reuse_port the workers bind, not the arbiter, whose
+        # "Listening at: %s (%s)" line then names no address: name the URL.
+        if msg.startswith("Listening at:") and args and not args[0]:
+            args = (", ".join(f"https://{bind}" for bind in self.cfg.bind), *args[1:])
+        super().info(msg, *args, **kwargs)
