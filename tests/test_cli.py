@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import pty
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +19,7 @@ import yaml
 from tests.helpers import container, pod
 from webhook.cli import build_parser, cmd_mutate, main
 from webhook.cli.args import SERVE_DEFAULTS
+from webhook.errors import InputError
 from webhook.serving.server import ServeOptions
 
 
@@ -338,6 +343,89 @@ def test_serve_help_shows_the_defaults_serve_uses() -> None:
     } == SERVE_DEFAULTS
     text = " ".join(
         build_parser()._subparsers._group_actions[0].choices["serve"].format_help().split()
-    )  # type: ignore[union-attr]
+    )
     for default in ["(default: 2)", "(default: 4)", "(default: 10)", "default: 0.0.0.0:8443"]:
         assert default in text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "kind: Pod\nmetadata: {name: x\n",
+            "standard input is not valid YAML or JSON: line 3, column 1: expected ',' or '}', "
+            "but got '<stream end>' (while parsing a flow mapping)",
+        ),
+        ("---\n", "standard input holds no documents"),
+    ],
+)
+def test_unreadable_input_is_one_line_naming_where(text: str, message: str) -> None:
+    with pytest.raises(InputError) as caught:
+        run_mutate(text)
+    assert str(caught.value) == message
+
+
+def test_a_yaml_error_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "pod.yaml"
+    path.write_text("spec:\n  - a\n  b: c\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook", "mutate", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"gpushare-webhook: {path} is not valid YAML or JSON: line 3,")
+    assert len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("document", "said"),
+    [
+        ({"kind": "Deployment"}, "has no apiVersion, so no cluster would take it"),
+        ({"apiVersion": "apps/v1"}, "has no kind, so no cluster would take it"),
+        ({}, "has no apiVersion and kind"),
+        (
+            {"apiVersion": "example.com/v1", "kind": "Trainer"},
+            "example.com/v1 Trainer is not a kind",
+        ),
+    ],
+)
+def test_a_document_the_preview_cannot_place_says_why(document: dict[str, Any], said: str) -> None:
+    document = {**document, "spec": GPU_SPEC}
+    code, _, err = run_mutate(json.dumps(document))
+    assert code == 0
+    assert said in err
+    assert "None" not in err
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_mutate_says_it_waits_for_a_terminal() -> None:
+    err = io.StringIO()
+    parsed = build_parser().parse_args(["mutate"])
+    cmd_mutate(parsed, Terminal(json.dumps(pod(container()))), io.StringIO(), err)
+    assert err.getvalue().startswith("reading YAML from standard input; end it with Ctrl-D")
+    piped = run_mutate(json.dumps(pod(container())))[2]
+    assert "reading YAML" not in piped
+
+
+def test_ctrl_c_exits_quietly() -> None:
+    """On a terminal, as a user presses it while mutate waits for its input."""
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.execv(sys.executable, [sys.executable, "-m", "webhook", "mutate"])
+    seen = b""
+    while b"Ctrl-D" not in seen:
+        seen += os.read(fd, 1024)
+    os.kill(pid, signal.SIGINT)
+    with contextlib.suppress(OSError):  # the terminal closes with the child
+        while chunk := os.read(fd, 1024):
+            seen += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 130
+    assert b"Traceback" not in seen

@@ -151,10 +151,23 @@ def preview(document: Any, policy: Policy, *, index: int = 1, namespace: str = "
         elif paths and group in _SERVED and api_version.rpartition("/")[2] not in _SERVED[group]:
             paths = None  # an API version of a built-in group that no cluster serves
     if not paths:
-        if policy.resource_name in json.dumps(document, default=str):
+        if policy.resource_name not in json.dumps(document, default=str):
+            return result
+        if not isinstance(kind, str) or not isinstance(api_version, str):
+            missing = " and ".join(
+                name
+                for name, value in (("apiVersion", api_version), ("kind", kind))
+                if not isinstance(value, str)
+            )
             result.notes.append(
-                f"{label} mentions {policy.resource_name} but is not a kind the preview "
-                "knows; its pods will be checked when they are created"
+                f"{label} mentions {policy.resource_name} but has no {missing}, so no cluster "
+                "would take it: add it (apiVersion: v1 and kind: Pod, or apps/v1 and the "
+                "workload's kind)"
+            )
+        else:
+            result.notes.append(
+                f"{label} mentions {policy.resource_name} but {api_version} {kind} is not a "
+                "kind the preview knows; its pods will be checked when they are created"
             )
         return result
     templates = [found for path in paths for found in _templates(document, path)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from webhook.cli.args import EXIT_INPUT, EXIT_OK, build_parser
+from webhook.cli.args import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, build_parser
 from webhook.cli.certs import cmd_certs
 from webhook.cli.offline import cmd_mutate, cmd_policy
 from webhook.cli.serve import cmd_serve
@@ -40,4 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader (head, less) went away: not an error of ours
         sys.stderr.close()
         return EXIT_OK
+    except KeyboardInterrupt:  # Ctrl-C: the user's choice, not a traceback
+        print(file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_INPUT  # pragma: no cover - argparse requires a command

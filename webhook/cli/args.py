@@ -1,7 +1,8 @@
 """The command line: every sub-command's flags, and the exit codes.
 
 Exit codes: 0 done, 1 a pod was rejected (``mutate``) or the cluster
-refused (``certs install``), 2 the input or the flags cannot be used.
+refused (``certs install``), 2 the input or the flags cannot be used,
+130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 from webhook import __version__
 
 EXIT_OK, EXIT_REJECTED, EXIT_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 _DURATION = re.compile(r"(\d+)([dhm])")
 

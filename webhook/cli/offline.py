@@ -20,7 +20,11 @@ def _policy(path: str | None) -> Policy:
     return DEFAULT_POLICY if path is None else read_policy(Path(path))
 
 
-def _read_documents(path: str, stdin: TextIO) -> list[Any]:
+def _read_documents(path: str, stdin: TextIO, stderr: TextIO) -> list[Any]:
+    name = "standard input" if path == "-" else path
+    if path == "-" and stdin.isatty():
+        # Not a hang: say what is awaited (kubectl apply -f - says nothing, and looks stuck).
+        print("reading YAML from standard input; end it with Ctrl-D, or give a FILE", file=stderr)
     try:
         text = stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -28,9 +32,9 @@ def _read_documents(path: str, stdin: TextIO) -> list[Any]:
     try:
         documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as error:
-        raise InputError(f"{path} is not valid YAML or JSON: {error}") from None
+        raise InputError(f"{name} is not valid YAML or JSON: {_yaml_problem(error)}") from None
     if not documents:
-        raise InputError(f"{path} holds no documents")
+        raise InputError(f"{name} holds no documents")
     expanded: list[Any] = []
     for doc in documents:
         # A v1 List (what kubectl get -o yaml prints) is its items.
@@ -45,11 +49,21 @@ def _read_documents(path: str, stdin: TextIO) -> list[Any]:
     return expanded
 
 
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML reader's error in one line, where it is (line and column from 1) and what."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return str(error).replace("\n", " ")
+    mark = error.problem_mark or error.context_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    context = f" ({error.context})" if error.context else ""
+    return f"{where}{error.problem or 'cannot be read'}{context}"
+
+
 def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
     from webhook.preview import preview
 
     policy = _policy(args.policy)
-    documents = _read_documents(args.file, stdin)
+    documents = _read_documents(args.file, stdin, stderr)
     results = [
         preview(doc, policy, index=i, namespace=args.namespace)
         for i, doc in enumerate(documents, start=1)

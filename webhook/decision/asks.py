@@ -74,10 +74,16 @@ def _resource(
             reason="request-without-limit",
         )
     if not _same_quantity(request, limit):
+        # Advice that would itself be refused is no advice: a limit of "2Gi" is.
+        fix = (
+            f"set both to {limit!r}"
+            if plain_count(limit)
+            else "set both to one plain number, such as '4'"
+        )
         raise QuantityError(
             f"{who} requests {resource}: {request!r} but limits it to {limit!r}; extended "
-            "resources cannot be overcommitted, so requests must equal limits: set both to "
-            f"{limit!r} (or drop the request)",
+            f"resources cannot be overcommitted, so requests must equal limits: {fix} "
+            "(or drop the request)",
             reason="request-differs",
         )
     return limit

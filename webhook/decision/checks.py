@@ -99,12 +99,21 @@ def check_visible_devices(container: Mapping[str, Any], kind: str, policy: Polic
         if "valueFrom" not in entry and (value is None or str(value).strip() in _NO_DEVICES):
             continue
         shown = "(valueFrom)" if "valueFrom" in entry else repr(value)
+        fix = f"remove the variable and ask for {policy.resource_name}"
+        if _asks(container, policy.resource_name):
+            fix = f"remove the variable: its {policy.resource_name} already gets it a GPU"
         raise PodError(
             f"{label(kind, container)} sets {VISIBLE_DEVICES} to {shown} (env[{index}]); the "
             "NVIDIA runtime would hand it those GPUs with no memory limit. GPUs come from the "
-            f"device plugin: remove the variable and ask for {policy.resource_name}",
+            f"device plugin: {fix}",
             reason="visible-devices",
         )
+
+
+def _asks(container: Mapping[str, Any], resource: str) -> bool:
+    resources = container.get("resources")
+    limits = resources.get("limits") if isinstance(resources, dict) else None
+    return isinstance(limits, dict) and resource in limits
 
 
 def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits) -> int:
