@@ -119,3 +119,16 @@ def test_every_key_is_documented_and_round_trips() -> None:
     for line in text.splitlines():
         assert "  # " in line, f"no documentation on {line!r}"
     assert parse_policy_text(text) == DEFAULT_POLICY
+
+
+@pytest.mark.parametrize(
+    ("text", "largest"),
+    [
+        ("memoryUnit: MiB\n", 16384),  # the default GPU, 16 GiB, counted in MiB
+        ("memoryUnit: MiB\ngpuMemory: 24576\n", 24576),
+        ("memoryUnit: GiB\n", 16),
+        ("gpuMemory: 80\n", 80),
+    ],
+)
+def test_the_default_gpu_is_16_gib_in_either_unit(text: str, largest: int) -> None:
+    assert parse_policy_text(text).gpu_memory == largest

@@ -110,6 +110,19 @@ def check_visible_devices(container: Mapping[str, Any], kind: str, policy: Polic
         )
 
 
+def _mib_hint(memory: int, unit: str, largest: int) -> str:
+    """A hint for a count of MiB on a cluster that counts GiB (16276, 3500: published samples).
+
+    Only where it fits as MiB: a count that is too big either way is just too big.
+    """
+    if unit != "GiB" or memory < 1000 or memory > largest * 1024:
+        return ""
+    return (
+        f" ({memory} looks like a count of MiB: if this cluster's GPU scheduler counts MiB, "
+        "set the policy's memoryUnit: MiB)"
+    )
+
+
 def _asks(container: Mapping[str, Any], resource: str) -> bool:
     resources = container.get("resources")
     limits = resources.get("limits") if isinstance(resources, dict) else None
@@ -132,7 +145,7 @@ def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits) -> in
             raise PodError(
                 f"{ask.label} asks {ask.memory} {unit} of {policy.resource_name} per GPU, but "
                 f"{limits.describe(unit)}: the pod could never be scheduled; ask at most "
-                f"{limits.largest_gpu}",
+                f"{limits.largest_gpu}{_mib_hint(ask.memory, unit, limits.largest_gpu)}",
                 reason="exceeds-gpu",
             )
         if ask.gpus > limits.max_gpus:

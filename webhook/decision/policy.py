@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import Field, dataclass, fields
+from dataclasses import Field, dataclass, fields, replace
 from dataclasses import field as dataclass_field
 from typing import Any, Literal, cast
 
@@ -265,7 +265,10 @@ class Policy:
         "memoryUnit", "GiB", _choice("GiB", "MiB"), "GiB or MiB: one unit of resourceName"
     )
     gpu_memory: int = setting(
-        "gpuMemory", 16, _positive_int(2**40), "largest GPU, in memoryUnit, if nodes are unknown"
+        "gpuMemory",
+        16,
+        _positive_int(2**40),
+        "largest GPU, in memoryUnit, if nodes are unknown (16384 with MiB)",
     )
     shim: Shim = section("shim", Shim, "the interception library")
     env: EnvNames = section("env", EnvNames, "the variables the shim reads")
@@ -336,6 +339,9 @@ def parse_policy(document: object) -> Policy:
             f"the policy must be a YAML mapping of keys, got {type(document).__name__}"
         )
     policy = cast(Policy, _build(Policy, document, ""))
+    if policy.memory_unit == "MiB" and "gpuMemory" not in document:
+        # NB: the default is 16 GiB in either unit; read as MiB it would be 16 MiB.
+        policy = replace(policy, gpu_memory=DEFAULT_POLICY.gpu_memory * 1024)
     _cross_check(policy)
     return policy
 
