@@ -63,11 +63,6 @@ def mount_ops(container: Mapping[str, Any], base: str, layout: Layout) -> list[O
     return ops + missing
 
 
-def limit_env(ask: ContainerAsk, layout: Layout) -> dict[str, str]:
-    """The variables pinned in one container, by name (see ``Layout.pinned``)."""
-    return layout.pinned(ask.name, ask.memory, ask.gpus, ask.compute).values
-
-
 def env_ops(
     container: Mapping[str, Any],
     base: str,
@@ -133,12 +128,9 @@ def env_ops(
     ops = [patch.replace(f"{base}/env/{i}", _entry(name, value)) for i, name, value in replaced]
     ops += [patch.remove(f"{base}/env/{index}") for index in reversed(removed)]
     append = f"{base}/env/-"
-    if seen:
-        ops += [patch.add(append, e) for e in pinned.entries if e.data["name"] not in seen]
-    else:
-        ops += [patch.add(append, entry) for entry in pinned.entries]
+    ops += [patch.add(append, e) for e in pinned.entries if e.data["name"] not in seen]
     if preload_at < 0:
-        ops.append(patch.add(f"{base}/env/-", _entry(PRELOAD, preload)))
+        ops.append(patch.add(append, _entry(PRELOAD, preload)))
     return ops
 
 
