@@ -124,6 +124,32 @@ def test_patch_output_is_the_webhook_patch() -> None:
     assert {op["path"] for op in ops} >= {"/spec/schedulerName", "/spec/containers/0/env"}
 
 
+def test_patch_output_tells_refused_from_unchanged() -> None:
+    documents = [pod(container(gpu="99")), pod(container()), pod(container(gpu="1"))]
+    code, out, err = run_mutate(yaml.safe_dump_all(documents), "-o", "patch")
+    assert code == 1
+    refused, unchanged, mutated = json.loads(out)
+    assert refused is None
+    assert unchanged == []
+    assert mutated
+    assert err.count("rejected: document 1") == 1
+
+
+def test_every_problem_of_a_pod_is_a_line_of_its_own() -> None:
+    bad = pod(container("a", gpu="2.5"), container("b", gpu="99"), nodeName="n1")
+    code, out, err = run_mutate(yaml.safe_dump(bad), "-o", "patch")
+    assert code == 1
+    assert json.loads(out) is None
+    lines = err.splitlines()
+    assert len(lines) == 3
+    assert all(line.startswith("rejected: document 1 (Pod/") for line in lines)
+    assert [line.split(": ", 2)[2].split(" ", 2)[:2] for line in lines] == [
+        ["spec.nodeName", "is"],
+        ["container", "'a'"],
+        ["container", "'b'"],
+    ]
+
+
 def test_custom_resource_mentioning_gpu_memory_passes_with_a_warning() -> None:
     cr = {
         "apiVersion": "example.com/v1",

@@ -262,6 +262,70 @@ def test_rejections(obj: Any, reason: str) -> None:
     assert decision.message
 
 
+@pytest.mark.parametrize(
+    ("obj", "reasons"),
+    [
+        (  # one per container, in the pod's order, init containers first
+            pod(
+                container("a", gpu="2.5"),
+                container("b", gpu="99"),
+                init=[container("i", gpu="1", securityContext={"privileged": True})],
+            ),
+            ["privileged", "fractional", "exceeds-gpu"],
+        ),
+        (  # placement, confinement and volumes are each checked
+            pod(
+                container("a", gpu="1", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+                nodeName="n1",
+                schedulerName="other",
+                hostPID=True,
+                volumes=[{"name": "h", "hostPath": {"path": "/usr/local/vgpu"}}],
+            ),
+            ["node-name", "scheduler-name", "host-pid", "visible-devices", "shim-host-path"],
+        ),
+        (  # a container that is too big alone is not also counted in the pod's total
+            pod(container("a", gpu="20"), container("b", gpu="4")),
+            ["exceeds-gpu"],
+        ),
+        (  # shapes: each wrong field is named, the rest still checked
+            pod(
+                container("a", gpu="1", env="A=B", volumeMounts={"a": 1}),
+                container("b", gpu="1", env=[{"name": "LD_PRELOAD", "valueFrom": {}}]),
+                volumes=["x"],
+            ),
+            ["malformed-object", "malformed-object", "malformed-object", "preload-value-from"],
+        ),
+    ],
+    ids=["per-container", "per-rule", "no-double-count", "shapes"],
+)
+def test_every_problem_is_named_in_one_answer(obj: Any, reasons: list[str]) -> None:
+    decision = decide(obj)
+    assert not decision.allowed
+    assert [p.reason for p in decision.problems] == reasons
+    assert decision.reason == reasons[0]
+    if len(reasons) > 1:
+        assert decision.message.startswith(f"the pod has {len(reasons)} problems: (1) ")
+        for number, problem in enumerate(decision.problems, start=1):
+            assert f"({number}) {problem.message}" in decision.message
+    else:
+        assert decision.message == decision.problems[0].message
+
+
+def test_a_pod_with_many_problems_hears_how_many_more() -> None:
+    many = [container(f"c{i}", gpu="99") for i in range(14)]
+    decision = decide(pod(*many))
+    assert len(decision.problems) == 14
+    assert "(10) " in decision.message
+    assert "(11) " not in decision.message
+    assert decision.message.endswith("; and 4 more")
+
+
+def test_one_problem_reads_as_before() -> None:
+    decision = decide(pod(container(gpu="99")))
+    assert len(decision.problems) == 1
+    assert not decision.message.startswith("the pod has")
+
+
 def test_shape_errors_are_400_and_name_the_field() -> None:
     decision = decide(pod(container(gpu="1", env="A=B")))
     assert decision.code == 400

@@ -128,7 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     mutate = sub.add_parser("mutate", help="preview what admission does to pods or workloads")
     mutate.add_argument("file", nargs="?", default="-", help="YAML or JSON file, or - for stdin")
     mutate.add_argument("--policy", metavar="FILE")
-    mutate.add_argument("--output", "-o", choices=("yaml", "json", "patch"), default="yaml")
+    mutate.add_argument(
+        "--output",
+        "-o",
+        choices=("yaml", "json", "patch"),
+        default="yaml",
+        help="patch: each document's JSON Patch, [] when unchanged, null when refused",
+    )
     mutate.add_argument(
         "--namespace",
         "-n",

@@ -77,12 +77,14 @@ def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: 
             label = f"{result.label} {where}" if several else result.label
             for warning in decision.warnings:
                 print(f"warning: {label}: {warning}", file=stderr)
-            if not decision.allowed:
-                print(f"rejected: {label}: {decision.message}", file=stderr)
+            for problem in decision.problems:  # one line each: every problem in one run
+                print(f"rejected: {label}: {problem.message}", file=stderr)
         if not result.rejected:
             kept.append(result)
     if args.output == "patch":
-        patches = [r.patch for r in kept]
+        # One entry per document, in order: null where it is refused, [] where
+        # admission leaves it as it is; "no patch" must not read as "no change".
+        patches = [None if r.rejected else r.patch for r in results]
         json.dump(patches[0] if len(patches) == 1 else patches, stdout, indent=2)
         stdout.write("\n")
     elif args.output == "json":

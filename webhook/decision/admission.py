@@ -145,6 +145,8 @@ def admit(
 
 def _respond(uid: str, decision: Decision) -> Any:
     audit = {"decision": decision.outcome, "reason": decision.reason}
+    if len(decision.problems) > 1:
+        audit["reasons"] = ",".join(decision.reasons)
     if not decision.allowed:
         return responses.denied(
             uid, decision.message, code=decision.code, warnings=decision.warnings, audit=audit

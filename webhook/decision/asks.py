@@ -5,7 +5,7 @@ requests must agree with limits (extended resources cannot be
 overcommitted), each quantity must be a whole count in the policy's unit,
 memory over several GPUs must split evenly, and an unset compute share
 takes the policy's default. Every problem is a QuantityError naming the
-container and the field.
+container and the field, found for each container on its own.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from webhook.decision.capacity import GpuLimits
 from webhook.decision.fields import EMPTY, container_label, containers, label, mapping
 from webhook.decision.policy import Policy
 from webhook.decision.quantities import MemoryUnit, parse_quantity, plain_count, whole_count
-from webhook.errors import QuantityError
+from webhook.errors import PodError, QuantityError
 
 
 class ContainerAsk(NamedTuple):
@@ -102,60 +102,94 @@ def collect_asks(
     spec: Mapping[str, Any],
     policy: Policy,
     limits: GpuLimits,
-    labels: Mapping[str, Any] = EMPTY,
+    labels: Mapping[str, Any],
+    found: list[PodError],
 ) -> list[ContainerAsk]:
+    """The ask of every GPU container; a container whose ask cannot be read is a problem found.
+
+    Each container is read on its own, so one run names every container
+    that is wrong. When what all of them share cannot be read (the pod's
+    GPU-count label, the container lists), none is.
+    """
+    by_label = policy.multi_gpu.count_from == "label"
+    count_name = policy.multi_gpu.resource_name
+    try:
+        pod_gpus = _label_count(labels, count_name) if by_label else None
+        every = containers(spec)
+    except PodError as error:
+        found.append(error)
+        return []
+    if not by_label and count_name in labels:
+        found.append(
+            QuantityError(
+                f"the pod's label {count_name} asks for GPUs, but this cluster reads the GPU "
+                f"count from each container's resources (policy multiGpu.countFrom: resource): "
+                f"set limits.{count_name} in the GPU containers and remove the label",
+                reason="count-as-label",
+            )
+        )
     asks = []
-    unit = policy.memory_unit
+    for kind, index, container in every:
+        try:
+            ask = _ask(kind, index, container, policy, limits, pod_gpus=pod_gpus)
+        except PodError as error:
+            found.append(error)
+            continue
+        if ask is not None:
+            asks.append(ask)
+    return asks
+
+
+def _ask(
+    kind: str,
+    index: int,
+    container: Mapping[str, Any],
+    policy: Policy,
+    limits: GpuLimits,
+    *,
+    pod_gpus: int | None,
+) -> ContainerAsk | None:
+    """One container's ask (None when it asks for no GPU memory), or the QuantityError why not."""
     memory_name = policy.resource_name
     compute_name = policy.compute.resource_name
     count_name = policy.multi_gpu.resource_name
-    by_label = policy.multi_gpu.count_from == "label"
-    pod_gpus = _label_count(labels, count_name) if by_label else None
-    if not by_label and count_name in labels:
+    limits_, requests = _resources(container, kind, index)
+    memory_raw = _resource(limits_, requests, kind, container, memory_name)
+    compute_raw = _resource(limits_, requests, kind, container, compute_name)
+    count_raw = _resource(limits_, requests, kind, container, count_name)
+    if count_raw is not None and policy.multi_gpu.count_from == "label":
         raise QuantityError(
-            f"the pod's label {count_name} asks for GPUs, but this cluster reads the GPU count "
-            f"from each container's resources (policy multiGpu.countFrom: resource): set "
-            f"limits.{count_name} in the GPU containers and remove the label",
-            reason="count-as-label",
+            f"{label(kind, container)} asks {count_name} as a resource, but the GPU "
+            f"count is the pod's label, as ACK reads it: set metadata.labels"
+            f"['{count_name}']: {str(count_raw)!r} (in a workload, the pod template's "
+            "labels) and remove it from resources",
+            reason="count-as-resource",
         )
-    for kind, index, container in containers(spec):
-        limits_, requests = _resources(container, kind, index)
-        memory_raw = _resource(limits_, requests, kind, container, memory_name)
-        compute_raw = _resource(limits_, requests, kind, container, compute_name)
-        count_raw = _resource(limits_, requests, kind, container, count_name)
-        if count_raw is not None and by_label:
+    if memory_raw is None:
+        extra = compute_name if compute_raw is not None else None
+        extra = extra or (count_name if count_raw is not None else None)
+        if extra:
             raise QuantityError(
-                f"{label(kind, container)} asks {count_name} as a resource, but the GPU "
-                f"count is the pod's label, as ACK reads it: set metadata.labels"
-                f"['{count_name}']: {str(count_raw)!r} (in a workload, the pod template's "
-                "labels) and remove it from resources",
-                reason="count-as-resource",
+                f"{label(kind, container)} asks {extra} but no {memory_name}; a GPU share "
+                f"needs its memory too: add limits.{memory_name}",
+                reason="share-without-memory",
             )
-        if memory_raw is None:
-            extra = compute_name if compute_raw is not None else None
-            extra = extra or (count_name if count_raw is not None else None)
-            if extra:
-                raise QuantityError(
-                    f"{label(kind, container)} asks {extra} but no {memory_name}; a GPU share "
-                    f"needs its memory too: add limits.{memory_name}",
-                    reason="share-without-memory",
-                )
-            continue
-        memory = _count(memory_raw, kind, container, memory_name, unit_word=unit, byte_unit=unit)
-        gpus = pod_gpus or 1
-        if count_raw is not None:
-            gpus = _count(count_raw, kind, container, count_name, unit_word="GPUs")
-        if gpus > 1:
-            memory = _per_device_memory(memory, gpus, label(kind, container), policy)
-        compute: int | None
-        if compute_raw is not None:
-            compute = _count(
-                compute_raw, kind, container, compute_name, unit_word="percent", maximum=100
-            )
-        else:
-            compute = _default_compute(memory, policy, limits)
-        asks.append(ContainerAsk(kind, index, str(container.get("name")), memory, gpus, compute))
-    return asks
+        return None
+    unit = policy.memory_unit
+    memory = _count(memory_raw, kind, container, memory_name, unit_word=unit, byte_unit=unit)
+    gpus = pod_gpus or 1
+    if count_raw is not None:
+        gpus = _count(count_raw, kind, container, count_name, unit_word="GPUs")
+    if gpus > 1:
+        memory = _per_device_memory(memory, gpus, label(kind, container), policy)
+    compute: int | None
+    if compute_raw is not None:
+        compute = _count(
+            compute_raw, kind, container, compute_name, unit_word="percent", maximum=100
+        )
+    else:
+        compute = _default_compute(memory, policy, limits)
+    return ContainerAsk(kind, index, str(container.get("name")), memory, gpus, compute)
 
 
 def _label_count(labels: Mapping[str, Any], name: str) -> int | None:

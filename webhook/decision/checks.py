@@ -5,8 +5,10 @@ placed (the GPU-share scheduler, no nodeName), what it may not do because
 it would reach past the shim (hostPID, privileged, admin capabilities,
 NVIDIA_VISIBLE_DEVICES), whether its asks can fit one GPU at all, and what
 of the pod the webhook's own volume, mounts and LD_PRELOAD must not meet.
-Each check raises a PodError (or ShapeError) whose message names the field
-and the fix; none returns a patch.
+Each check adds a PodError (or ShapeError), whose message names the field
+and the fix, to the list of problems it is handed, and goes on: a pod's
+author hears every problem of the pod in one answer, not one per try.
+None returns a patch.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.capacity import GpuLimits
-from webhook.decision.fields import CONTAINER_KINDS, each_container, label, listed, mapping
+from webhook.decision.fields import CONTAINER_KINDS, each_container, label, mapping
 from webhook.decision.layout import PRELOAD, Layout
 from webhook.decision.policy import Policy, overlaps
 from webhook.errors import PodError, ShapeError
@@ -27,66 +29,82 @@ VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 _NO_DEVICES = {"", "none", "void"}
 _ADMIN_CAPABILITIES = {"SYS_ADMIN", "CAP_SYS_ADMIN", "ALL"}
 
+Problems = list[PodError]  # what the checks found, in the order of the pod's fields
 
-def check_placement(spec: Mapping[str, Any], policy: Policy) -> None:
+
+def check_placement(spec: Mapping[str, Any], policy: Policy, found: Problems) -> None:
     node_name = spec.get("nodeName")
     if node_name:
-        raise PodError(
-            f"spec.nodeName is set to {node_name!r}: a pod bound to a node skips "
-            f"{policy.scheduler_name}, so no GPU would be assigned to it; remove spec.nodeName "
-            "and use a nodeSelector or node affinity to choose the node",
-            reason="node-name",
+        found.append(
+            PodError(
+                f"spec.nodeName is set to {node_name!r}: a pod bound to a node skips "
+                f"{policy.scheduler_name}, so no GPU would be assigned to it; remove spec.nodeName "
+                "and use a nodeSelector or node affinity to choose the node",
+                reason="node-name",
+            )
         )
     scheduler = spec.get("schedulerName")
     if scheduler not in (None, "", DEFAULT_SCHEDULER, policy.scheduler_name):
-        raise PodError(
-            f"spec.schedulerName is {scheduler!r}, but pods that ask for "
-            f"{policy.resource_name} must be placed by {policy.scheduler_name!r}, which "
-            "tracks GPU memory per card; remove spec.schedulerName or set it to "
-            f"{policy.scheduler_name!r}",
-            reason="scheduler-name",
+        found.append(
+            PodError(
+                f"spec.schedulerName is {scheduler!r}, but pods that ask for "
+                f"{policy.resource_name} must be placed by {policy.scheduler_name!r}, which "
+                "tracks GPU memory per card; remove spec.schedulerName or set it to "
+                f"{policy.scheduler_name!r}",
+                reason="scheduler-name",
+            )
         )
 
 
-def check_confinement(spec: Mapping[str, Any], policy: Policy) -> None:
+def check_confinement(spec: Mapping[str, Any], policy: Policy, found: Problems) -> None:
     if policy.security.reject_privileged and spec.get("hostPID") is True:
-        raise PodError(
-            "spec.hostPID is true: a GPU-memory pod that shares the node's process namespace "
-            "can reach other pods' GPU processes and memory; remove hostPID",
-            reason="host-pid",
+        found.append(
+            PodError(
+                "spec.hostPID is true: a GPU-memory pod that shares the node's process namespace "
+                "can reach other pods' GPU processes and memory; remove hostPID",
+                reason="host-pid",
+            )
         )
     for kind, container in each_container(spec, CONTAINER_KINDS):
-        check_privilege(container, kind, policy)
-        check_visible_devices(container, kind, policy)
+        check_privilege(container, kind, policy, found)
+        check_visible_devices(container, kind, policy, found)
 
 
-def check_privilege(container: Mapping[str, Any], kind: str, policy: Policy) -> None:
+def check_privilege(
+    container: Mapping[str, Any], kind: str, policy: Policy, found: Problems
+) -> None:
     if not policy.security.reject_privileged:
         return
     context = container.get("securityContext")
     if not isinstance(context, dict):
         return
     if context.get("privileged") is True:
-        raise PodError(
-            f"{label(kind, container)} sets securityContext.privileged: true; a privileged "
-            "container sees every GPU of the node, past the device cgroup and the GPU shim's "
-            "limit, in a GPU-memory pod: remove privileged",
-            reason="privileged",
+        found.append(
+            PodError(
+                f"{label(kind, container)} sets securityContext.privileged: true; a privileged "
+                "container sees every GPU of the node, past the device cgroup and the GPU shim's "
+                "limit, in a GPU-memory pod: remove privileged",
+                reason="privileged",
+            )
         )
     capabilities = context.get("capabilities")
     added = capabilities.get("add") if isinstance(capabilities, dict) else None
     if isinstance(added, list):
         bad = sorted({str(c) for c in added} & _ADMIN_CAPABILITIES)
         if bad:
-            raise PodError(
-                f"{label(kind, container)} adds capability {bad[0]} "
-                "(securityContext.capabilities.add); with it a process can remount the GPU shim "
-                f"away or reach other GPUs in a GPU-memory pod: remove {bad[0]}",
-                reason="sys-admin",
+            found.append(
+                PodError(
+                    f"{label(kind, container)} adds capability {bad[0]} "
+                    "(securityContext.capabilities.add); with it a process can remount the GPU "
+                    f"shim away or reach other GPUs in a GPU-memory pod: remove {bad[0]}",
+                    reason="sys-admin",
+                )
             )
 
 
-def check_visible_devices(container: Mapping[str, Any], kind: str, policy: Policy) -> None:
+def check_visible_devices(
+    container: Mapping[str, Any], kind: str, policy: Policy, found: Problems
+) -> None:
     if not policy.security.reject_visible_devices:
         return
     env = container.get("env")
@@ -102,12 +120,15 @@ def check_visible_devices(container: Mapping[str, Any], kind: str, policy: Polic
         fix = f"remove the variable and ask for {policy.resource_name}"
         if _asks(container, policy.resource_name):
             fix = f"remove the variable: its {policy.resource_name} already gets it a GPU"
-        raise PodError(
-            f"{label(kind, container)} sets {VISIBLE_DEVICES} to {shown} (env[{index}]); the "
-            "NVIDIA runtime would hand it those GPUs with no memory limit. GPUs come from the "
-            f"device plugin: {fix}",
-            reason="visible-devices",
+        found.append(
+            PodError(
+                f"{label(kind, container)} sets {VISIBLE_DEVICES} to {shown} (env[{index}]); the "
+                "NVIDIA runtime would hand it those GPUs with no memory limit. GPUs come from the "
+                f"device plugin: {fix}",
+                reason="visible-devices",
+            )
         )
+        return  # one per container: the fix is the same for a second entry
 
 
 def _mib_hint(memory: int, unit: str, largest: int) -> str:
@@ -129,12 +150,13 @@ def _asks(container: Mapping[str, Any], resource: str) -> bool:
     return isinstance(limits, dict) and resource in limits
 
 
-def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits) -> int:
+def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits, found: Problems) -> int:
     """The GPU memory the pod holds on its GPU, once it is sure to fit one."""
     unit = policy.memory_unit
     # Init containers run one at a time before the app containers, which run
     # together: the GPU must hold the larger of the two phases.
     app_total = init_largest = compute_total = 0
+    too_big = False  # one container over the GPU is named alone, not again in the total
     for ask in asks:
         if ask.kind == "containers":
             app_total += ask.memory
@@ -142,62 +164,76 @@ def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits) -> in
         elif ask.memory > init_largest:
             init_largest = ask.memory
         if ask.memory > limits.largest_gpu:
-            raise PodError(
-                f"{ask.label} asks {ask.memory} {unit} of {policy.resource_name} per GPU, but "
-                f"{limits.describe(unit)}: the pod could never be scheduled; ask at most "
-                f"{limits.largest_gpu}{_mib_hint(ask.memory, unit, limits.largest_gpu)}",
-                reason="exceeds-gpu",
+            too_big = True
+            found.append(
+                PodError(
+                    f"{ask.label} asks {ask.memory} {unit} of {policy.resource_name} per GPU, but "
+                    f"{limits.describe(unit)}: the pod could never be scheduled; ask at most "
+                    f"{limits.largest_gpu}{_mib_hint(ask.memory, unit, limits.largest_gpu)}",
+                    reason="exceeds-gpu",
+                )
             )
         if ask.gpus > limits.max_gpus:
-            raise PodError(
-                f"{ask.label} asks {ask.gpus} GPUs, but the largest GPU node has "
-                f"{limits.max_gpus} ({limits.gpus_source}); ask at most {limits.max_gpus}",
-                reason="too-many-gpus",
+            found.append(
+                PodError(
+                    f"{ask.label} asks {ask.gpus} GPUs, but the largest GPU node has "
+                    f"{limits.max_gpus} ({limits.gpus_source}); ask at most {limits.max_gpus}",
+                    reason="too-many-gpus",
+                )
             )
     demand = max(app_total, init_largest)
-    if demand > limits.largest_gpu:
+    if demand > limits.largest_gpu and not too_big:
         parts = ", ".join(f"{a.name}={a.memory}" for a in asks if a.kind == "containers")
-        raise PodError(
-            f"the pod's containers together ask {demand} {unit} of {policy.resource_name} "
-            f"({parts}), and they share one GPU, but {limits.describe(unit)}; lower the requests "
-            "or split the pod so its containers fit one GPU",
-            reason="exceeds-gpu",
+        found.append(
+            PodError(
+                f"the pod's containers together ask {demand} {unit} of {policy.resource_name} "
+                f"({parts}), and they share one GPU, but {limits.describe(unit)}; lower the "
+                "requests or split the pod so its containers fit one GPU",
+                reason="exceeds-gpu",
+            )
         )
     if compute_total > 100:
         parts = ", ".join(
             f"{a.name}={a.compute}" for a in asks if a.kind == "containers" and a.compute
         )
-        raise PodError(
-            f"the pod's containers together ask {compute_total}% of one GPU's compute "
-            f"({policy.compute.resource_name}: {parts}), more than the 100% a GPU has; lower "
-            "them so they add up to 100 or less",
-            reason="exceeds-compute",
+        found.append(
+            PodError(
+                f"the pod's containers together ask {compute_total}% of one GPU's compute "
+                f"({policy.compute.resource_name}: {parts}), more than the 100% a GPU has; lower "
+                "them so they add up to 100 or less",
+                reason="exceeds-compute",
+            )
         )
     return demand
 
 
-def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout) -> None:
+def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout, found: Problems) -> None:
     """The pod's own volumes: none may take a name of ours or mount the shim's host path."""
     ours = {volume.data["name"]: volume.data for volume in layout.volumes}
-    for index, volume in enumerate(listed(spec, "volumes", "spec")):
+    for index, volume in enumerate(_listed(spec, "volumes", "spec", found)):
         if not isinstance(volume, dict):
-            raise ShapeError(f"spec.volumes[{index}]", "a volume object", volume)
+            found.append(ShapeError(f"spec.volumes[{index}]", "a volume object", volume))
+            continue
         name = volume.get("name")
         if isinstance(name, str) and name in ours:
             if volume == ours[name]:
                 continue  # ours, from an earlier review
-            raise PodError(
-                f"spec.volumes[{index}] is named {name!r}, a name the webhook reserves for "
-                "the GPU shim; rename the volume",
-                reason="reserved-volume",
+            found.append(
+                PodError(
+                    f"spec.volumes[{index}] is named {name!r}, a name the webhook reserves for "
+                    "the GPU shim; rename the volume",
+                    reason="reserved-volume",
+                )
             )
         host = volume.get("hostPath")
         if isinstance(host, dict) and overlaps(str(host.get("path", "")), policy.shim.host_path):
-            raise PodError(
-                f"spec.volumes[{index}] ({volume.get('name')!r}) mounts host path "
-                f"{host.get('path')!r}, which holds the GPU shim; a GPU pod may not mount it "
-                "itself: remove the volume",
-                reason="shim-host-path",
+            found.append(
+                PodError(
+                    f"spec.volumes[{index}] ({volume.get('name')!r}) mounts host path "
+                    f"{host.get('path')!r}, which holds the GPU shim; a GPU pod may not mount it "
+                    "itself: remove the volume",
+                    reason="shim-host-path",
+                )
             )
 
 
@@ -208,57 +244,83 @@ def mount_key(mount: Mapping[str, Any]) -> str:
 
 
 def check_mounts(
-    container: Mapping[str, Any], base: str, ask: ContainerAsk, policy: Policy, layout: Layout
+    container: Mapping[str, Any], base: str, ask: ContainerAsk, layout: Layout, found: Problems
 ) -> None:
     """No mount of the container may replace or hide what the webhook mounts, nor move it."""
     wanted = {(mount.entry.data["name"], mount.path): mount for mount in layout.mounts}
     holds = {mount.path: mount.holds for mount in layout.mounts}
     shim_dir = layout.mount_dir
     ours: set[str] = set()
-    for index, mount in enumerate(listed(container, "volumeMounts", base)):
+    for index, mount in enumerate(_listed(container, "volumeMounts", base, found)):
         if not isinstance(mount, dict):
-            raise ShapeError(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
+            found.append(
+                ShapeError(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
+            )
+            continue
         path = mount_key(mount)
         name = mount.get("name")
         name = name if isinstance(name, str) else repr(name)  # a name the API server refuses
         if (name, path) in wanted and path not in ours:
             ours.add(path)
         elif name in layout.volume_names:
-            raise PodError(
-                f"{ask.label} mounts the webhook's volume {name!r} at "
-                f"{mount.get('mountPath')!r}; it may only be mounted read-only where the "
-                "webhook puts it: remove that mount",
-                reason="shim-mount",
+            found.append(
+                PodError(
+                    f"{ask.label} mounts the webhook's volume {name!r} at "
+                    f"{mount.get('mountPath')!r}; it may only be mounted read-only where the "
+                    "webhook puts it: remove that mount",
+                    reason="shim-mount",
+                )
             )
         elif path.startswith(shim_dir):
-            raise PodError(
-                f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
-                "webhook mounts the GPU shim; it would replace the shim and escape its limit: "
-                f"mount it somewhere outside {policy.shim.mount_path}",
-                reason="shim-mount",
+            found.append(
+                PodError(
+                    f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
+                    "webhook mounts the GPU shim; it would replace the shim and escape its limit: "
+                    f"mount it somewhere outside {shim_dir.rstrip('/') or '/'}",
+                    reason="shim-mount",
+                )
             )
         elif path in holds:
-            raise PodError(
-                f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
-                f"webhook puts {holds[path]}; it would loosen the GPU shim's limits: "
-                "remove that mount",
-                reason="shim-mount",
+            found.append(
+                PodError(
+                    f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
+                    f"webhook puts {holds[path]}; it would loosen the GPU shim's limits: "
+                    "remove that mount",
+                    reason="shim-mount",
+                )
             )
 
 
-def check_env(container: Mapping[str, Any], base: str, ask: ContainerAsk) -> None:
+def check_env(container: Mapping[str, Any], base: str, ask: ContainerAsk, found: Problems) -> None:
     """Every env entry has a string name, and LD_PRELOAD a value the webhook can read."""
-    for index, entry in enumerate(listed(container, "env", base)):
+    for index, entry in enumerate(_listed(container, "env", base, found)):
         name = entry.get("name") if isinstance(entry, dict) else None
         if type(name) is not str:
-            raise ShapeError(f"{ask.label} env[{index}]", "an object with a string name", entry)
+            found.append(
+                ShapeError(f"{ask.label} env[{index}]", "an object with a string name", entry)
+            )
         if name == PRELOAD and "valueFrom" in entry:
-            raise PodError(
-                f"{ask.label} sets {PRELOAD} with valueFrom; the webhook must know its value "
-                "to put the GPU shim first: set it with a plain value",
-                reason="preload-value-from",
+            found.append(
+                PodError(
+                    f"{ask.label} sets {PRELOAD} with valueFrom; the webhook must know its value "
+                    "to put the GPU shim first: set it with a plain value",
+                    reason="preload-value-from",
+                )
             )
 
 
-def check_annotations(metadata: Mapping[str, Any]) -> None:
-    mapping(metadata, "annotations", path="metadata", optional=True)
+def check_annotations(metadata: Mapping[str, Any], found: Problems) -> None:
+    try:
+        mapping(metadata, "annotations", path="metadata", optional=True)
+    except ShapeError as error:
+        found.append(error)
+
+
+def _listed(parent: Mapping[str, Any], key: str, path: str, found: Problems) -> list[Any]:
+    """A list field as ``fields.listed`` reads it; one of another shape is a problem, read as []."""
+    value = parent.get(key)
+    if type(value) is list:
+        return value
+    if value is not None:
+        found.append(ShapeError(f"{path}.{key}", "a list", value))
+    return []

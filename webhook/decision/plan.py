@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from webhook.decision import checks, inject
 from webhook.decision.asks import ContainerAsk, collect_asks
@@ -23,9 +23,25 @@ from webhook.decision.patch import Op, plain
 from webhook.decision.policy import Policy
 from webhook.errors import PodError, ShapeError
 
-__all__ = ["STATUS_ANNOTATION", "Decision", "is_gpu_pod", "plan", "plan_ephemeral", "untouched"]
+__all__ = [
+    "STATUS_ANNOTATION",
+    "Decision",
+    "Problem",
+    "is_gpu_pod",
+    "plan",
+    "plan_ephemeral",
+    "untouched",
+]
 
 Outcome = Literal["untouched", "mutated", "unchanged", "rejected"]
+MAX_PROBLEMS = 10  # named in a refusal; a pod with more hears how many more
+
+
+class Problem(NamedTuple):
+    """One reason a pod is refused: a stable label and the message that names the fix."""
+
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -40,10 +56,16 @@ class Decision:
     warnings: tuple[str, ...] = ()
     demand: int = 0  # GPU memory the pod holds on its GPU, in the policy's unit
     asks: tuple[ContainerAsk, ...] = ()
+    problems: tuple[Problem, ...] = ()  # every reason it is refused, in the pod's order
 
     @property
     def allowed(self) -> bool:
         return self.outcome != "rejected"
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """The reason of every problem, each once, in order (empty unless refused)."""
+        return tuple(dict.fromkeys(problem.reason for problem in self.problems))
 
     @property
     def patch(self) -> tuple[dict[str, Any], ...]:
@@ -55,8 +77,27 @@ def untouched(reason: str) -> Decision:
     return Decision(outcome="untouched", reason=reason)
 
 
-def _refused(error: PodError) -> Decision:
-    return Decision(outcome="rejected", reason=error.reason, message=str(error), code=error.code)
+def _refused(found: list[PodError]) -> Decision:
+    """Refused for every problem found; the first one's reason and code stand for them all."""
+    first = found[0]
+    problems = tuple(Problem(error.reason, str(error)) for error in found)
+    return Decision(
+        outcome="rejected",
+        reason=first.reason,
+        message=_joined(problems),
+        code=first.code,
+        problems=problems,
+    )
+
+
+def _joined(problems: tuple[Problem, ...]) -> str:
+    """One problem as it is; several numbered in one line (kubectl prints the message whole)."""
+    if len(problems) == 1:
+        return problems[0].message
+    shown = problems[:MAX_PROBLEMS]
+    text = "; ".join(f"({n}) {p.message}" for n, p in enumerate(shown, start=1))
+    more = len(problems) - len(shown)
+    return f"the pod has {len(problems)} problems: {text}" + (f"; and {more} more" if more else "")
 
 
 def plan(
@@ -70,7 +111,7 @@ def plan(
     try:
         return _plan(pod, policy, namespace=namespace, limits=limits)
     except PodError as error:
-        return _refused(error)
+        return _refused([error])
 
 
 def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
@@ -108,29 +149,37 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
     if not is_gpu_pod(pod, policy):
         # Not ours to shape, but a pod that names GPUs itself would get them unconfined.
         spec = pod.get("spec")
+        found: checks.Problems = []
         if isinstance(spec, dict):
             for kind, container in each_container(spec, CONTAINER_KINDS):
-                checks.check_visible_devices(container, kind, policy)
-        return untouched("no-gpu-request")
+                checks.check_visible_devices(container, kind, policy, found)
+        return _refused(found) if found else untouched("no-gpu-request")
     spec = mapping(pod, "spec")
     metadata = mapping(pod, "metadata", optional=True)
     limits = limits or limits_from_policy(policy)
     shape = layout(policy.shim, policy.env, policy.mib_per_unit)
 
-    # Every refusal first: no op is built for a pod that is refused.
-    checks.check_placement(spec, policy)
-    checks.check_confinement(spec, policy)
-    labels = mapping(metadata, "labels", path="metadata", optional=True)
-    asks = collect_asks(spec, policy, limits, labels)
-    demand = checks.check_fit(asks, policy, limits)
-    checks.check_volumes(spec, policy, shape)
+    # Every refusal first, all of them: no op is built for a pod that is refused.
+    found = []
+    checks.check_placement(spec, policy, found)
+    checks.check_confinement(spec, policy, found)
+    try:
+        labels = mapping(metadata, "labels", path="metadata", optional=True)
+    except ShapeError as error:
+        found.append(error)
+        labels = {}
+    asks = collect_asks(spec, policy, limits, labels, found)
+    demand = checks.check_fit(asks, policy, limits, found)
+    checks.check_volumes(spec, policy, shape, found)
     places = [
         (ask, spec[ask.kind][ask.position], f"/spec/{ask.kind}/{ask.position}") for ask in asks
     ]
     for ask, container, base in places:  # no token of base needs JSON-Pointer escaping
-        checks.check_env(container, base, ask)
-        checks.check_mounts(container, base, ask, policy, shape)
-    checks.check_annotations(metadata)
+        checks.check_env(container, base, ask, found)
+        checks.check_mounts(container, base, ask, shape, found)
+    checks.check_annotations(metadata, found)
+    if found:
+        return _refused(found)
 
     warnings = _claim_warnings(spec, policy)
     ops = inject.scheduler_ops(spec, policy) + inject.volume_ops(spec, shape)
@@ -181,10 +230,11 @@ def plan_ephemeral(pod: object, policy: Policy, *, namespace: str = "") -> Decis
         if not isinstance(spec, dict):
             return untouched("no-gpu-request")
         gpu_pod = is_gpu_pod(pod, policy)
+        found: checks.Problems = []
         for kind, container in each_container(spec, ("ephemeralContainers",)):
-            checks.check_visible_devices(container, kind, policy)
+            checks.check_visible_devices(container, kind, policy, found)
             if gpu_pod:
-                checks.check_privilege(container, kind, policy)
+                checks.check_privilege(container, kind, policy, found)
     except PodError as error:
-        return _refused(error)
-    return untouched("ephemeral-allowed")
+        return _refused([error])
+    return _refused(found) if found else untouched("ephemeral-allowed")

@@ -189,6 +189,8 @@ def _log_admission(result: Result, seconds: float) -> None:
         "reason": decision.reason if decision else ("bad-request" if result.status != 200 else ""),
         "duration_ms": round(seconds * 1000, 3),
     }
+    if decision is not None and len(decision.problems) > 1:
+        fields["reasons"] = list(decision.reasons)
     if decision is not None and decision.demand:
         fields["gpu_memory"] = decision.demand
     if decision is not None and decision.warnings:
