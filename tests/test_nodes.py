@@ -10,6 +10,8 @@ delayed by a set time.
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,7 +66,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[FakeApi, Path]]:
 def watcher(cluster: tuple[FakeApi, Path]) -> Iterator[nodes.NodeWatcher]:
     _, kubeconfig = cluster
     running = nodes.NodeWatcher(
-        lambda: kube.api_client(str(kubeconfig)),
+        lambda: kube.api_client(str(kubeconfig), retries=0),
         watch_timeout=2,
         request_timeout=2,
         backoff=(0.05, 0.2),
@@ -97,17 +99,31 @@ def test_a_broken_watch_resumes_without_a_new_list(
     assert watcher.watches >= 2
 
 
-def test_unreachable_api_falls_back_to_the_policy_and_says_why(tmp_path: Path) -> None:
+def test_unreachable_api_falls_back_to_the_policy_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     with serve(tmp_path) as (_, path):
         kubeconfig.write_text(path.read_text())
     # The server is gone now: nothing listens on its port.
     watcher = nodes.NodeWatcher(
-        lambda: kube.api_client(str(kubeconfig)), request_timeout=1, backoff=(0.05, 0.1)
+        lambda: kube.api_client(str(kubeconfig), retries=0),
+        request_timeout=1,
+        backoff=(0.05, 0.1),
     )
+    caplog.set_level(logging.INFO)
     watcher.start()
     try:
         eventually(lambda: "cannot reach the Kubernetes API" in watcher.status().problem)
+        eventually(lambda: len(caplog.records) >= 3)
+        # One line per step of the backoff, from the watch alone: no client retries.
+        for record in caplog.records:
+            assert record.name == "gpushare_webhook.nodes", record.getMessage()
+            assert re.fullmatch(
+                r"node watch: cannot reach the Kubernetes API at https?://127\.0\.0\.1:\d+ "
+                r"\(\[Errno 111\] Connection refused\); trying again in [\d.e-]+ s",
+                record.getMessage(),
+            ), record.getMessage()
         view = watcher.view(DEFAULT_POLICY)
         assert view.nodes is None
         assert view.note.startswith("GPU sizes come from the policy's gpuMemory (16 GiB)")

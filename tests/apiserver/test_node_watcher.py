@@ -23,7 +23,7 @@ from webhook.decision.policy import DEFAULT_POLICY as GIB
 
 def start(kubeconfig: Path) -> nodes.NodeWatcher:
     return nodes.NodeWatcher(
-        lambda: kube.api_client(str(kubeconfig)),
+        lambda: kube.api_client(str(kubeconfig), retries=0),
         watch_timeout=5,
         request_timeout=5,
         backoff=(0.05, 0.5),

@@ -63,7 +63,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # Credentials are checked here, so a missing token stops start-up with
         # a clear error; each worker makes its own client and watch after fork.
         kube.api_client(args.kubeconfig, args.context)
-        watcher = node_watch.NodeWatcher(lambda: kube.api_client(args.kubeconfig, args.context))
+        watcher = node_watch.NodeWatcher(
+            lambda: kube.api_client(args.kubeconfig, args.context, retries=0)
+        )
         nodes, start_in_worker = watcher, watcher.start_and_wait
     owned_dir: Path | None = None
     state = State(policy=source, nodes=nodes, ready=_readiness(host, int(port), nodes))

@@ -21,16 +21,26 @@ from webhook.errors import KubeError
 T = TypeVar("T")
 
 
-def api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else the kubeconfig."""
+def api_client(
+    kubeconfig: str | None = None, context: str | None = None, *, retries: int | None = None
+) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig.
+
+    ``retries`` replaces urllib3's default of three quiet retries per call,
+    each logged as a warning: a caller with its own backoff passes 0.
+    """
+    settings = client.Configuration()
+    settings.retries = retries
     try:
         if kubeconfig is None and context is None:
             try:
-                config.load_incluster_config()
-                return client.ApiClient()
+                config.load_incluster_config(client_configuration=settings)
+                return client.ApiClient(settings)
             except config.ConfigException:
                 pass
-        return config.new_client_from_config(config_file=kubeconfig, context=context)
+        return config.new_client_from_config(
+            config_file=kubeconfig, context=context, client_configuration=settings
+        )
     except (config.ConfigException, OSError) as error:
         raise KubeError(f"no usable Kubernetes credentials: {error}") from None
 

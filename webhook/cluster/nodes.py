@@ -33,11 +33,31 @@ def _facts(node: Any) -> NodeFacts:
     )
 
 
+def unreachable(error: BaseException) -> str:
+    """Why the API could not be reached, in a few words ("[Errno 111] Connection refused").
+
+    urllib3 wraps the socket's error in a MaxRetryError and a connection
+    error whose text repeats the pool, host and port; the innermost reason
+    is what a person needs, the host is said once by the caller.
+    """
+    reason = getattr(error, "reason", None)
+    if isinstance(error, urllib3.exceptions.MaxRetryError) and isinstance(reason, BaseException):
+        error = reason
+    text = str(error) or type(error).__name__
+    if isinstance(error, urllib3.exceptions.NewConnectionError):
+        text = text.rpartition("new connection: ")[2] or text
+    elif isinstance(error, urllib3.exceptions.NameResolutionError):
+        text = text.partition("(")[2].rstrip(")") or text
+    return text
+
+
 class NodeWatcher:
     """A list-then-watch of Nodes in a background thread, as an informer does.
 
     The watch resumes from the last resourceVersion after a broken stream,
-    and lists again after 410 Gone. While the API is unreachable the last
+    and lists again after 410 Gone (make_api should give a client with
+    retries=0: the backoff here is the only retry, logged once a step).
+    While the API is unreachable the last
     known nodes stay in force; until a first list succeeds (or when no node
     reports GPU memory) reviews fall back to the policy's ``gpuMemory``, and
     the view says so. Start it in each serving process (threads do not
@@ -126,9 +146,7 @@ class NodeWatcher:
         self._status = dataclasses.replace(old, **changes)
         if self._status.tried:
             self._tried.set()
-        if self._status.problem and self._status.problem != old.problem:
-            log.warning("node watch: %s", self._status.problem)
-        elif old.problem and not self._status.problem:
+        if old.problem and not self._status.problem:
             log.info("node watch: connected again, %d nodes known", self._status.nodes)
 
     def _replace(self, facts: dict[str, NodeFacts]) -> None:
@@ -193,7 +211,8 @@ class NodeWatcher:
                 if streamed:
                     # A stream cut after it delivered events: resume where it stopped.
                     continue
-                problem = f"cannot reach the Kubernetes API: {error}"
+                problem = f"cannot reach the Kubernetes API at {core.api_client.configuration.host}"
+                problem += f" ({unreachable(error)})"
             except Exception as error:  # the thread must outlive any surprise from the API
                 log.exception("node watch failed")
                 problem = f"{type(error).__name__}: {error}"
@@ -203,4 +222,7 @@ class NodeWatcher:
             # the connection and catches up on whatever the watch missed.
             version = None
             low, high = self.backoff
-            self._stop.wait(random.uniform(0.5, 1.0) * min(high, low * 2 ** (failures - 1)))
+            delay = random.uniform(0.5, 1.0) * min(high, low * 2 ** (failures - 1))
+            # One line per step of the backoff, which says when the next one is.
+            log.warning("node watch: %s; trying again in %.2g s", problem, delay)
+            self._stop.wait(delay)
