@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import logging
 import time
@@ -193,6 +194,27 @@ def test_text_format_puts_fields_after_the_message() -> None:
     record = logging.LogRecord("x", logging.INFO, "f", 1, "admission", (), None)
     record.fields = {"uid": "u", "decision": "mutated"}
     assert logs.TextFormatter().format(record) == "INFO x admission uid=u decision=mutated"
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("choice", "stream", "chosen"),
+    [
+        ("auto", Terminal(), "text"),
+        ("auto", io.StringIO(), "json"),  # a pipe or a file: a collector reads it
+        ("json", Terminal(), "json"),
+        ("text", io.StringIO(), "text"),
+    ],
+    ids=["auto-terminal", "auto-pipe", "json-forced", "text-forced"],
+)
+def test_log_format_follows_the_terminal_unless_chosen(
+    choice: str, stream: io.StringIO, chosen: str
+) -> None:
+    assert logs.chosen_format(choice, stream) == chosen
 
 
 def test_a_log_line_is_one_write_of_a_whole_line(tmp_path: Path) -> None:

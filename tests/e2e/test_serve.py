@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pty
+import signal
 import socket
 import ssl
 import subprocess
@@ -246,3 +250,30 @@ def test_the_start_up_lines_name_the_address(server: Server) -> None:
     text = server.log.read_text()
     assert f"Listening at: https://127.0.0.1:{server.port} (" in text
     assert f"https://127.0.0.1:{server.port}/mutate" in text
+
+
+def test_serve_writes_text_logs_on_a_terminal(tmp_path: Path) -> None:
+    """A person who runs serve reads lines, a collector (any pipe) JSON: the default, auto."""
+    port = free_port()
+    command = [sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}"]
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.chdir(tmp_path)
+        os.execv(sys.executable, [*command, "--certs-dir", str(tmp_path / "certs")])
+    seen = b""
+    try:
+        while b"Listening at" not in seen:
+            chunk = os.read(fd, 4096)
+            assert chunk, seen
+            seen += chunk
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(OSError):  # the terminal closes with the child
+            while chunk := os.read(fd, 4096):
+                seen += chunk
+        os.waitpid(pid, 0)
+        os.close(fd)
+    text = seen.decode()
+    assert f"INFO gpushare_webhook.serve serving url=https://127.0.0.1:{port}/mutate" in text
+    assert "INFO gunicorn.error Listening at: https://127.0.0.1:" in text
+    assert '{"time"' not in text

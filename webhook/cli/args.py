@@ -118,10 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--log-format",
-        default="json",
-        choices=("json", "text"),
-        help="one JSON object per line, for a log collector, or text for a person "
-        "(default: %(default)s)",
+        default="auto",
+        choices=("auto", "json", "text"),
+        help="one JSON object per line, for a log collector, or text for a person; auto is "
+        "text when stderr is a terminal, else JSON (default: %(default)s)",
     )
     serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
 

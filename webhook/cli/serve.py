@@ -32,7 +32,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from webhook.serving.runtime import PolicySource
     from webhook.serving.server import ServeOptions, WebhookServer
 
-    log_config = logs.config(args.log_level, args.log_format)
+    log_config = logs.config(args.log_level, logs.chosen_format(args.log_format, sys.stderr))
     logs.skip_unused_record_fields()
     logging.config.dictConfig(log_config)
     source = PolicySource(Path(args.policy) if args.policy else None)

@@ -12,7 +12,7 @@ import datetime as dt
 import json
 import logging
 import os
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 LogFormat = Literal["json", "text"]
 
@@ -104,6 +104,17 @@ def skip_unused_record_fields() -> None:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
+
+
+def chosen_format(choice: str, stream: TextIO) -> LogFormat:
+    """``auto`` is text for a person at a terminal and JSON for a collector (a pipe, a file).
+
+    As kubectl and most Go tooling do; a pod's stderr is never a terminal,
+    so a deployed webhook writes JSON without being told to.
+    """
+    if choice == "auto":
+        return "text" if stream.isatty() else "json"
+    return "text" if choice == "text" else "json"
 
 
 def config(level: str, fmt: LogFormat) -> dict[str, Any]:
