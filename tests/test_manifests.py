@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests import tools
 from tests.helpers import container, pod
 from webhook.cli import build_parser
 from webhook.decision.admission import admit
@@ -358,20 +358,23 @@ def test_container_commands_parse_with_the_cli(kind: str) -> None:
     build_parser().parse_args(c["command"][1:] + c["args"])
 
 
+@pytest.fixture(scope="session")
 def checkov() -> str:
-    beside = Path(sys.executable).parent / "checkov"
-    found = str(beside) if beside.exists() else shutil.which("checkov")
-    assert found, "checkov comes with the test extras"
-    return found
+    """checkov, from its own venv (tests/tools.py): never installed beside the product."""
+    try:
+        return str(tools.ensure("checkov"))
+    except tools.Unavailable as error:
+        pytest.fail(str(error), pytrace=False)
 
 
-def test_manifests_and_dockerfile_pass_checkov(tmp_path: Path) -> None:
+@pytest.mark.timeout(1200)  # the first run installs checkov into its venv
+def test_manifests_and_dockerfile_pass_checkov(tmp_path: Path, checkov: str) -> None:
     for name in OVERLAYS:
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump_all(render(name)))
     shutil.copy(ROOT / "Dockerfile", tmp_path / "Dockerfile")
     done = subprocess.run(
         [
-            checkov(),
+            checkov,
             "-d",
             str(tmp_path),
             "--config-file",
