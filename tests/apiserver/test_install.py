@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import yaml
 from cryptography import x509
 
 from tests.controlplane.cluster import ControlPlane
-from tests.controlplane.install import NS, Installed, install_certs, render_manifests
+from tests.controlplane.install import NS, ROOT, Installed, install_certs, render_manifests
 
 
 def stored(
@@ -119,3 +121,55 @@ def test_a_missing_webhook_configuration_says_to_apply_the_manifests(installed: 
     admin = install_certs(installed.plane.kubeconfig, "--webhook-config=absent")
     assert admin.returncode == 1
     assert "MutatingWebhookConfiguration 'absent' not found: apply the manifests" in admin.stderr
+
+
+def _certs_jobs(plane: ControlPlane) -> list[dict[str, Any]]:
+    listed = plane.kubectl(
+        "get", "jobs", "-n", NS, "-l", "app.kubernetes.io/name=gpushare-webhook-certs", "-o", "json"
+    )
+    jobs: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
+    return jobs
+
+
+def _apply(plane: ControlPlane, manifests: Path) -> None:
+    """``kubectl apply -k manifests``, but for the webhook configuration.
+
+    The install points that configuration at a URL on loopback (see
+    tests/controlplane/install.py); applying it again would put the Service back.
+    """
+    rendered = plane.kubectl("kustomize", str(manifests)).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    kept = [d for d in docs if d["kind"] != "MutatingWebhookConfiguration"]
+    plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(kept))
+
+
+def test_an_upgrade_applies_over_a_running_install(installed: Installed, tmp_path: Path) -> None:
+    """``kubectl apply -k`` with a new image tag, while the first certs Job is still there.
+
+    A Job's pod template is immutable, so a Job of a fixed name would refuse
+    the new image ("field is immutable"); its name carries a hash of its
+    image, and the upgrade makes a new Job beside the old one.
+    """
+    plane = installed.plane
+    copy = tmp_path / "manifests"
+    shutil.copytree(ROOT / "manifests", copy)
+    _apply(plane, copy)  # as an operator installs; changes nothing here
+    before = {job["metadata"]["name"] for job in _certs_jobs(plane)}
+    assert len(before) == 1
+    base = copy / "base" / "kustomization.yaml"
+    kustomization = yaml.safe_load(base.read_text())
+    kustomization["images"][0]["newTag"] = "0.2.0-rc.1"
+    base.write_text(yaml.safe_dump(kustomization))
+    try:
+        _apply(plane, copy)
+        images = {
+            job["metadata"]["name"]: job["spec"]["template"]["spec"]["containers"][0]["image"]
+            for job in _certs_jobs(plane)
+        }
+        assert before < images.keys()
+        assert sorted(images.values()) == ["gpushare-webhook:0.1.0", "gpushare-webhook:0.2.0-rc.1"]
+        deployment = stored(plane, "deployment", "gpushare-webhook", NS)
+        image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert image == "gpushare-webhook:0.2.0-rc.1"
+    finally:
+        _apply(plane, ROOT / "manifests")  # back to the image of the install
