@@ -266,6 +266,64 @@ def test_deployment_is_hardened_and_highly_available() -> None:
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
 
 
+def pod_templates(overlay: str) -> list[tuple[str, dict[str, str]]]:
+    """(namespace, labels) of every pod a workload of the overlay makes."""
+    found = []
+    for doc in render(overlay):
+        spec = doc.get("spec", {})
+        if doc["kind"] == "CronJob":
+            spec = spec["jobTemplate"]["spec"]
+        if "template" in spec:
+            labels = spec["template"]["metadata"].get("labels", {})
+            found.append((doc["metadata"]["namespace"], labels))
+    return found
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_every_object_is_labelled_and_every_network_policy_selects_pods(overlay: str) -> None:
+    for doc in render(overlay):
+        labels = doc["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/part-of") == "gpushare-webhook", doc["metadata"]
+    pods = pod_templates(overlay)
+    for policy in (d for d in render(overlay) if d["kind"] == "NetworkPolicy"):
+        namespace, selector = policy["metadata"]["namespace"], policy["spec"]["podSelector"]
+        assert any(ns == namespace and selector_matches(selector, labels) for ns, labels in pods), (
+            f"NetworkPolicy {policy['metadata']['name']} selects no pod of the {overlay} install"
+        )
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_the_webhook_runs_critical_with_a_quota_that_admits_it(overlay: str) -> None:
+    """system-cluster-critical, and a quota naming it (GKE refuses such pods without one)."""
+    deployment = find(overlay, "Deployment")
+    priority = deployment["spec"]["template"]["spec"]["priorityClassName"]
+    assert priority == "system-cluster-critical"
+    quota = find(overlay, "ResourceQuota")
+    assert quota["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    (scope,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert scope["scopeName"] == "PriorityClass"
+    assert scope["operator"] == "In"
+    assert priority in scope["values"]
+    surge = deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"]
+    assert int(quota["spec"]["hard"]["pods"]) >= 10 * (deployment["spec"]["replicas"] + surge)
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_the_image_is_set_in_one_place(overlay: str) -> None:
+    """Every container runs the image of base/kustomization.yaml's ``images:``, and only it."""
+    kustomization = yaml.safe_load((ROOT / "manifests/base/kustomization.yaml").read_text())
+    (image,) = kustomization["images"]
+    expected = f"{image['newName']}:{image['newTag']}"
+    images = set()
+    for doc in render(overlay):
+        spec = doc.get("spec", {})
+        if doc["kind"] == "CronJob":
+            spec = spec["jobTemplate"]["spec"]
+        for c in spec.get("template", {}).get("spec", {}).get("containers", []):
+            images.add(c["image"])
+    assert images == {expected}
+
+
 def granted(docs: list[dict[str, Any]], account: str) -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) that the bindings give ``account``."""
     roles = {

@@ -13,6 +13,7 @@ from cryptography import x509
 
 from tests.controlplane.cluster import ControlPlane
 from tests.controlplane.install import NS, ROOT, Installed, install_certs, render_manifests
+from tests.helpers import eventually
 
 
 def stored(
@@ -173,3 +174,38 @@ def test_an_upgrade_applies_over_a_running_install(installed: Installed, tmp_pat
         assert image == "gpushare-webhook:0.2.0-rc.1"
     finally:
         _apply(plane, ROOT / "manifests")  # back to the image of the install
+
+
+def test_the_webhook_pods_are_critical_and_admitted_by_their_quota(installed: Installed) -> None:
+    """The API server here admits critical pods only under a quota naming their class (GKE's rule).
+
+    The Deployment's pods are created by the real ReplicaSet controller with
+    the system-cluster-critical priority; the same pod in a namespace
+    without the manifests' quota is refused.
+    """
+    plane = installed.plane
+
+    def webhook_pods() -> list[dict[str, Any]]:
+        listed = plane.kubectl(
+            "get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=gpushare-webhook", "-o", "json"
+        )
+        pods: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
+        return pods
+
+    replicas = stored(plane, "deployment", "gpushare-webhook", NS)["spec"]["replicas"]
+    eventually(lambda: len(webhook_pods()) >= replicas)
+    for pod in webhook_pods():
+        assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
+        assert pod["spec"]["priority"] == 2000000000
+    elsewhere = plane.kubectl(
+        "run",
+        "critical",
+        "-n",
+        "default",
+        "--image=gpushare-webhook:0.1.0",
+        "--restart=Never",
+        '--overrides={"spec":{"priorityClassName":"system-cluster-critical"}}',
+        check=False,
+    )
+    assert elsewhere.returncode != 0
+    assert "insufficient quota to match these scopes" in elsewhere.stderr

@@ -4,7 +4,8 @@ No scheduler and no kubelet: pods stay Pending, which is all admission
 needs. RBAC is on; the API server signs service-account tokens (so the
 TokenRequest API works), trusts one CA for client certificates (the admin
 credential is one, in group ``system:masters``) and writes an audit log
-that records admission annotations. Each process is started in its own
+that records admission annotations, and limits the critical priority
+classes to namespaces with a quota for them, as GKE does. Each process is started in its own
 session and stopped by its PID; the logs stay in ``root`` for a failed test
 to show.
 """
@@ -41,6 +42,25 @@ rules:
   - level: None
 """
 
+# As GKE configures it: a pod of a system-*-critical priority class may only be
+# created in a namespace whose ResourceQuota names that class (the manifests
+# ship one), so a quota missing from them shows here as it would there.
+ADMISSION_CONFIG = """\
+apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+  - name: ResourceQuota
+    configuration:
+      apiVersion: apiserver.config.k8s.io/v1
+      kind: ResourceQuotaConfiguration
+      limitedResources:
+        - resource: pods
+          matchScopes:
+            - scopeName: PriorityClass
+              operator: In
+              values: [system-node-critical, system-cluster-critical]
+"""
+
 
 class ControlPlaneError(Exception):
     """A component did not start; the message ends with the tail of its log."""
@@ -65,6 +85,7 @@ class ControlPlane:
         self.admin = self.authority.issue("admin", organization="system:masters")
         self.sa_key, self.sa_pub = pki.service_account_keys(certs)
         (root / "audit-policy.yaml").write_text(AUDIT_POLICY)
+        (root / "admission.yaml").write_text(ADMISSION_CONFIG)
         self.kubeconfig = self.write_kubeconfig(root / "admin.kubeconfig", user=self._admin_user())
 
     # -- credentials --
@@ -185,6 +206,7 @@ class ControlPlane:
                 f"--audit-policy-file={self.root / 'audit-policy.yaml'}",
                 f"--audit-log-path={self.audit_log}",
                 "--audit-log-mode=blocking",
+                f"--admission-control-config-file={self.root / 'admission.yaml'}",
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
