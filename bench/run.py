@@ -109,7 +109,13 @@ def workers_rss_mib(proc: subprocess.Popen[bytes]) -> list[float]:
 
 
 def trial(
-    port: int, context: ssl.SSLContext, bodies: list[bytes], concurrency: int, requests: int
+    port: int,
+    context: ssl.SSLContext,
+    bodies: list[bytes],
+    concurrency: int,
+    requests: int,
+    *,
+    host: str = "localhost",
 ) -> dict[str, Any]:
     latencies: list[float] = []
     errors = [0]
@@ -117,7 +123,7 @@ def trial(
     per_thread = max(1, requests // concurrency)
 
     def worker(offset: int) -> None:
-        conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=10)
+        conn = http.client.HTTPSConnection(host, port, context=context, timeout=10)
         local = []
         for i in range(per_thread):
             body = bodies[(offset * per_thread + i) % len(bodies)]
@@ -133,7 +139,7 @@ def trial(
                 with lock:
                     errors[0] += 1
                 conn.close()
-                conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=10)
+                conn = http.client.HTTPSConnection(host, port, context=context, timeout=10)
             local.append(time.perf_counter() - t0)
         conn.close()
         with lock:
@@ -272,9 +278,17 @@ def main() -> int:
         help="run only the part through the real kube-apiserver (bench/apiserver.py) and write "
         "it under the key 'apiserver' of --out",
     )
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="run only the memory of the server as deployed (bench/memory.py) and write it "
+        "under the key 'memory' of --out",
+    )
     args = parser.parse_args()
     if args.apiserver:
-        return apiserver_part(Path(args.out), quick=args.quick)
+        return cluster_part("apiserver", Path(args.out), quick=args.quick)
+    if args.memory:
+        return cluster_part("memory", Path(args.out), quick=args.quick)
     levels = [1, 8, 32]
     trials, requests = (3, 300) if args.quick else (5, 3000)
     soak = args.soak if args.soak is not None else (3000 if args.quick else 100_000)
@@ -396,18 +410,21 @@ def main() -> int:
     return 0
 
 
-def apiserver_part(out: Path, *, quick: bool) -> int:
-    from bench import apiserver
+def cluster_part(name: str, out: Path, *, quick: bool) -> int:
+    """A part that runs against the tests' control plane: bench/apiserver.py or bench/memory.py."""
+    import importlib
+
     from tests.controlplane.build import Unavailable
 
+    part = importlib.import_module(f"bench.{name}")
     try:
-        found = apiserver.run(quick)
+        found = part.run(quick)
     except (Unavailable, RuntimeError, OSError) as error:
-        print(f"bench --apiserver: {str(error).splitlines()[0]}", file=sys.stderr)
+        print(f"bench --{name}: {str(error).splitlines()[0]}", file=sys.stderr)
         return 1
-    apiserver.report(found)
+    part.report(found)
     results = json.loads(out.read_text()) if out.exists() and out.stat().st_size else {}
-    results["apiserver"] = found
+    results[name] = found
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out}")
     return 0

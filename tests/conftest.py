@@ -113,12 +113,14 @@ def start_server(
     raise RuntimeError(f"server did not become ready:\n{log.read_text()}")
 
 
-def start_watching(pki: tls.Issued, kubeconfig: Path, log: Path, *, workers: int = 2) -> Server:
+def start_watching(
+    pki: tls.Issued, kubeconfig: Path, log: Path, *extra: str, workers: int = 2
+) -> Server:
     """``serve --watch-nodes`` against the API server of ``kubeconfig``."""
     return start_server(
         [
             *("--cert", str(pki.cert), "--key", str(pki.key), "--workers", str(workers)),
-            *("--watch-nodes", "--kubeconfig", str(kubeconfig)),
+            *("--watch-nodes", "--kubeconfig", str(kubeconfig), *extra),
         ],
         ca=pki.ca,
         log=log,

@@ -22,7 +22,10 @@ from tests.helpers import eventually
 from tests.kubeapi import FakeApi, serve
 from webhook.cluster import kube, nodes
 from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node
+from webhook.decision.nodes import NodeStatus, capacity_kept, decode_snapshot, encode_snapshot
 from webhook.decision.policy import DEFAULT_POLICY, parse_policy
+from webhook.errors import SnapshotError
+from webhook.serving.nodes import SharedNodes
 
 GIB = DEFAULT_POLICY
 
@@ -176,3 +179,74 @@ def test_start_and_wait_gives_up_on_a_silent_api(
     watcher.start_and_wait(timeout=0.2)
     assert not watcher.status().tried  # the worker goes on, falling back as usual
     eventually(lambda: watcher.status().synced)
+
+
+# -- the snapshot: one watch per server, read by every worker --
+
+FACTS = (
+    NodeFacts(
+        "a100-1", {"pool": "a100"}, {"aliyun.com/gpu-mem": "160", "aliyun.com/gpu-count": "2"}
+    ),
+    NodeFacts("cpu-1", {}, {}),
+)
+
+
+def test_a_snapshot_carries_the_status_and_facts_whole() -> None:
+    status = NodeStatus(watching=True, tried=True, synced=True, connected=True, nodes=2)
+    assert decode_snapshot(encode_snapshot(status, FACTS)) == (status, FACTS)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"{", b"[]", b'{"version": 2, "status": {}, "nodes": []}', b'{"version": 1}',
+     b'{"version": 1, "status": {}, "nodes": [["a", {}]]}',
+     b'{"version": 1, "status": {"tried": true}, "nodes": 3}'],
+    ids=["empty", "truncated", "a list", "another version", "no status", "short node", "no list"],
+)  # fmt: skip
+def test_a_snapshot_this_code_did_not_write_is_a_snapshot_error(data: bytes) -> None:
+    with pytest.raises(SnapshotError, match="node snapshot"):
+        decode_snapshot(data)
+
+
+def test_only_extended_resources_travel_in_a_snapshot() -> None:
+    assert capacity_kept("aliyun.com/gpu-mem")
+    assert not capacity_kept("cpu")
+    assert not capacity_kept("hugepages-2Mi")
+
+
+def write_snapshot(path: Path, status: NodeStatus, facts: tuple[NodeFacts, ...] = ()) -> None:
+    """As the watch does: a new file renamed over the old one."""
+    partial = path.with_name("partial")
+    partial.write_bytes(encode_snapshot(status, facts))
+    partial.replace(path)
+
+
+def test_workers_follow_the_snapshot_and_keep_the_last_good_one(tmp_path: Path) -> None:
+    path = tmp_path / "nodes.json"
+    write_snapshot(path, NodeStatus(watching=True, problem="node list not read yet"))
+    shared = SharedNodes(path, interval=0)
+    assert shared.view(DEFAULT_POLICY).nodes is None
+    assert "node list not read yet" in shared.view(DEFAULT_POLICY).note
+    synced = NodeStatus(watching=True, tried=True, synced=True, connected=True, nodes=2)
+    write_snapshot(path, synced, FACTS)
+    view = shared.view(DEFAULT_POLICY)
+    assert [(n.name, n.gpu_memory) for n in view.nodes or ()] == [("a100-1", 80)]
+    assert shared.view(DEFAULT_POLICY) is view  # one view per snapshot and policy
+    path.with_name("partial").write_bytes(b"{")  # a broken file: the last good one stays
+    path.with_name("partial").replace(path)
+    assert shared.view(DEFAULT_POLICY) is view
+    assert shared.status() == synced
+
+
+def test_a_stopped_watch_is_reported_and_fails_liveness(tmp_path: Path) -> None:
+    path = tmp_path / "nodes.json"
+    write_snapshot(path, NodeStatus(watching=True, tried=True, synced=True, connected=True))
+    alive = [True]
+    shared = SharedNodes(path, alive=lambda: alive[0], interval=0)
+    assert shared.liveness() == (True, "ok")
+    alive[0] = False
+    assert shared.liveness() == (False, "the node watch process has stopped; restart the server")
+    status = shared.status()
+    assert not status.connected
+    assert status.problem.startswith("the node watch process has stopped")
+    assert status.synced  # what it knew stays in force

@@ -15,7 +15,8 @@ from prometheus_client import Histogram
 
 from tests.helpers import container, pod, review, swap
 from webhook.decision.admission import admit
-from webhook.decision.capacity import GpuNode, NodeStatus, NodeView, NoNodes
+from webhook.decision.capacity import GpuNode
+from webhook.decision.nodes import NodeStatus, NodeView, NoNodes
 from webhook.decision.policy import DEFAULT_POLICY, Policy
 from webhook.serving import logs
 from webhook.serving.app import State, create_app

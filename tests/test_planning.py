@@ -8,8 +8,9 @@ import pytest
 
 from tests.helpers import GPU, apply, container, pod
 from webhook.decision.capacity import GpuNode, limits_for
+from webhook.decision.nodes import NodeView
 from webhook.decision.plan import STATUS_ANNOTATION, Decision, is_gpu_pod, plan
-from webhook.decision.policy import DEFAULT_POLICY, parse_policy_text
+from webhook.decision.policy import DEFAULT_POLICY, parse_policy, parse_policy_text
 
 
 def decide(obj: Any, **kwargs: Any) -> Decision:
@@ -433,11 +434,15 @@ NODES = [
 def test_limits_follow_node_selection(
     spec: dict[str, Any], largest: int, count: int, gpus: int
 ) -> None:
-    # A list is read each time; a tuple (as the node watch hands out) is
-    # remembered by placement: both must say the same, the second time too.
-    for nodes in (NODES, tuple(NODES), tuple(NODES)[::-1], NODES):
-        for _ in range(2):
-            limits = limits_for(spec, DEFAULT_POLICY, nodes)
+    # Worked out afresh, or remembered by a view of the nodes (in any order):
+    # all must say the same, the second time too.
+    for nodes in (NODES, NODES[::-1]):
+        view = NodeView(nodes)
+        for limits in (
+            limits_for(spec, DEFAULT_POLICY, nodes),
+            view.limits(spec, DEFAULT_POLICY),
+            view.limits(spec, DEFAULT_POLICY),
+        ):
             assert (limits.largest_gpu, limits.nodes_with_largest, limits.max_gpus) == (
                 largest,
                 count,
@@ -445,19 +450,41 @@ def test_limits_follow_node_selection(
             )
 
 
-def test_remembered_limits_follow_a_new_node_list() -> None:
-    before = tuple(NODES)
+def test_a_view_remembers_bounds_by_placement_for_its_own_node_list() -> None:
     spec = {"nodeSelector": {"pool": "t4"}}
-    assert limits_for(spec, DEFAULT_POLICY, before).largest_gpu == 16
-    assert limits_for({}, DEFAULT_POLICY, before).largest_gpu == 80
-    after = (*before, GpuNode("t4-big", 24, 1, {"pool": "t4"}), GpuNode("h100", 94, 8, {}))
-    assert limits_for(spec, DEFAULT_POLICY, after).largest_gpu == 24
-    assert limits_for({}, DEFAULT_POLICY, after).largest_gpu == 94
+    before = NodeView(NODES)
+    assert before.limits(spec, DEFAULT_POLICY).largest_gpu == 16
+    assert before.limits({}, DEFAULT_POLICY).largest_gpu == 80
+    after = NodeView([*NODES, GpuNode("t4-big", 24, 1, {"pool": "t4"}), GpuNode("h100", 94, 8, {})])
+    assert after.limits(spec, DEFAULT_POLICY).largest_gpu == 24
+    assert after.limits({}, DEFAULT_POLICY).largest_gpu == 94
+    assert before.limits(spec, DEFAULT_POLICY).largest_gpu == 16  # each list its own bounds
     # The same selector written in another key order is the same placement.
     both = {"nodeSelector": {"zone": "z1", "pool": "t4"}}
     again = {"nodeSelector": {"pool": "t4", "zone": "z1"}}
-    assert limits_for(both, DEFAULT_POLICY, after) is limits_for(again, DEFAULT_POLICY, after)
-    assert limits_for(both, DEFAULT_POLICY, after).largest_gpu == 16
+    assert after.limits(both, DEFAULT_POLICY) is after.limits(again, DEFAULT_POLICY)
+    assert after.limits(both, DEFAULT_POLICY).largest_gpu == 16
+    # The node affinity is part of the placement: no selector, other affinities.
+    t4_only = {"affinity": _affinity("pool", "In", ["t4"])}
+    a100_only = {"affinity": _affinity("pool", "In", ["a100"])}
+    assert after.limits(t4_only, DEFAULT_POLICY).largest_gpu == 24
+    assert after.limits(a100_only, DEFAULT_POLICY).largest_gpu == 80
+
+
+def test_a_view_without_nodes_bounds_by_the_policy() -> None:
+    policy = parse_policy({"gpuMemory": 40})
+    assert NodeView(note="no node list").limits({}, policy).largest_gpu == 40
+    assert NodeView([]).nodes is None
+
+
+def _affinity(key: str, operator: str, values: list[str]) -> dict[str, Any]:
+    expression = {"key": key, "operator": operator, "values": values}
+    term = {"matchExpressions": [expression]}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+        }
+    }
 
 
 def test_cluster_limits_reach_the_message() -> None:

@@ -10,7 +10,8 @@ The hierarchy::
     │   └── ShapeError           a field of the object has the wrong JSON type
     ├── InputError               the offline CLI cannot read its input (exit 2)
     ├── CertificateError         a certificate or key is missing, expired or mismatched
-    └── KubeError                the Kubernetes API refused a call or cannot be reached
+    ├── KubeError                the Kubernetes API refused a call or cannot be reached
+    └── SnapshotError            the node watch's snapshot file is not one it wrote
 
 Messages are written for the person who will read them in ``kubectl`` output
 or a log line: they name the object, the field, the value and the fix.
@@ -73,6 +74,10 @@ class CertificateError(WebhookError):
 
 class KubeError(WebhookError):
     """The Kubernetes API refused or could not be reached; the message says what to fix."""
+
+
+class SnapshotError(WebhookError):
+    """The node snapshot a worker reads is not one the node watch wrote (kept: the last good)."""
 
 
 def _json_type(value: object) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import ssl
 import threading
 from collections.abc import Callable, Iterator
@@ -162,6 +163,33 @@ def process_tree(pid: int) -> list[int]:
             with contextlib.suppress(OSError):
                 queue.extend(int(c) for c in (task / "children").read_text().split())
     return found
+
+
+def watch_pid(log: Path) -> int:
+    """The pid of a server's node watch process, from its start-up log line."""
+    for line in log.read_text().splitlines():
+        if "node watch started" in line:
+            return int(json.loads(line)["pid"])
+    raise AssertionError(f"no node watch in {log}")
+
+
+def connected_to(port: int, pids: list[int]) -> set[int]:
+    """Which of ``pids`` hold an established TCP connection to ``port`` on loopback."""
+    sockets: dict[str, int] = {}
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    sockets[target[8:-1]] = pid
+    holders = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()
+            remote, state, inode = fields[2], fields[3], fields[9]
+            if state == "01" and int(remote.rsplit(":", 1)[1], 16) == port and inode in sockets:
+                holders.add(sockets[inode])
+    return holders
 
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]

@@ -1,14 +1,18 @@
 """``serve --watch-nodes`` with two workers against the real API server, and what it reports.
 
-One webhook process with two workers, each with its own watch, reviews
-sent straight to it: the decision follows the Nodes as they change,
-/metrics adds up both workers, and every admission is one JSON log line.
+One webhook process with two workers and one node watch process that
+shares what it knows with both, reviews sent straight to it: the decision
+follows the Nodes as they change, only the watch talks to the API server,
+/metrics adds up both workers, every admission is one JSON log line, and
+a watch that dies fails the liveness probe but keeps the nodes it knew.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +20,13 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.apiserver.helpers import delete_nodes, put_node
+from tests.apiserver.helpers import (
+    connected_to,
+    delete_nodes,
+    process_tree,
+    put_node,
+    watch_pid,
+)
 from tests.conftest import Server, free_port, start_server, start_watching, stop_server
 from tests.controlplane.install import Installed, service_account_kubeconfig
 from tests.helpers import container, eventually, pod
@@ -46,7 +56,7 @@ def cluster(
 
 def test_rejects_against_the_largest_gpu_in_the_cluster(cluster: Cluster) -> None:
     _, server = cluster
-    # Each worker has its own watch: ask enough times to reach both.
+    # Each worker reads the snapshot itself: ask enough times to reach both.
     for _ in range(4):
         eventually(lambda: server.ask(pod(container(gpu="40")))["allowed"] is True)
         answer = server.ask(pod(container(gpu="41")))
@@ -170,3 +180,74 @@ def test_without_nodes_the_policy_bounds_and_a_warning_says_so(
         assert "forbidden to list or watch nodes" in running.log.read_text()
     finally:
         stop_server(running)
+
+
+def test_one_watch_for_the_server_in_a_process_of_its_own(
+    installed: Installed, cluster: Cluster
+) -> None:
+    """Workers and master never talk to the API server: the one watch process does."""
+    _, server = cluster
+    watch = watch_pid(server.log)
+    processes = process_tree(server.process.pid)
+    assert watch in processes
+    assert len(processes) == 4  # master, watch, two workers
+    port = int(installed.plane.url.rsplit(":", 1)[1])
+    eventually(lambda: connected_to(port, processes) == {watch})
+
+
+def test_a_node_selector_narrows_what_is_watched(
+    installed: Installed, cluster: Cluster, tmp_path: Path, pki: tls.Issued
+) -> None:
+    running = start_watching(
+        pki, installed.webhook_kubeconfig, tmp_path / "server.log", "--node-selector=pool=t4"
+    )
+    try:
+        assert running.metrics()["gpushare_nodes_known"] == 1
+        answer = running.ask(pod(container(gpu="17")))
+        assert answer["allowed"] is False
+        assert "the largest GPU has 16 GiB (1 node of the cluster's GPU nodes)" in str(answer)
+    finally:
+        stop_server(running)
+
+
+def test_a_dead_watch_fails_liveness_and_keeps_the_nodes_it_knew(
+    installed: Installed, cluster: Cluster, tmp_path: Path, pki: tls.Issued
+) -> None:
+    running = start_watching(pki, installed.webhook_kubeconfig, tmp_path / "server.log")
+    try:
+        assert running.request("GET", "/healthz")[0] == 200
+        os.kill(watch_pid(running.log), signal.SIGKILL)
+        eventually(lambda: running.request("GET", "/healthz")[0] == 503)
+        status, body = running.request("GET", "/healthz")
+        assert status == 503
+        assert json.loads(body)["reason"] == (
+            "the node watch process has stopped; restart the server"
+        )
+        for _ in range(4):  # both workers: the nodes known before stay in force
+            answer = running.ask(pod(container(gpu="41")))
+            assert "the largest GPU has 40 GiB (2 nodes of the cluster's GPU nodes)" in str(answer)
+        values = running.metrics()
+        assert values["gpushare_node_watch_connected"] == 0
+        assert values["gpushare_gpu_sizes_from_policy"] == 0
+    finally:
+        stop_server(running)
+
+
+def test_the_watch_ends_with_its_server(
+    installed: Installed, cluster: Cluster, tmp_path: Path, pki: tls.Issued
+) -> None:
+    """Killed without a chance to stop it, the server leaves no watch behind."""
+    running = start_watching(pki, installed.webhook_kubeconfig, tmp_path / "server.log")
+    watch = watch_pid(running.log)
+    running.process.kill()
+    running.process.wait()
+
+    def gone() -> bool:
+        try:
+            os.kill(watch, 0)
+        except ProcessLookupError:
+            return True
+        stat = Path(f"/proc/{watch}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] == "Z"  # ended, its parent gone with it
+
+    eventually(gone, 10)

@@ -145,6 +145,7 @@ def test_dev_certificate_is_made_once_and_reused(tmp_path: Path) -> None:
         (["--threads", "many"], "argument --threads: 'many' is not a whole number"),
         (["--read-timeout", "0"], "argument --read-timeout: '0': must be more than 0 seconds"),
         (["--read-timeout", "nan"], "must be more than 0 seconds"),
+        (["--node-selector", "gpu share"], "'gpu share' is not a label selector requirement"),
     ],
 )
 def test_serve_refuses_to_start_with_a_clear_message(args: list[str], message: str) -> None:

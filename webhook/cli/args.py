@@ -47,6 +47,33 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_KEY = rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}"
+_VALUE = rf"({_NAME})?"
+_REQUIREMENT = re.compile(
+    rf"!?{_KEY}"
+    rf"|{_KEY}\s*(=|==|!=)\s*{_VALUE}"
+    rf"|{_KEY}\s+(in|notin)\s*\(\s*{_VALUE}(\s*,\s*{_VALUE})*\s*\)"
+)
+
+
+def label_selector(text: str) -> str:
+    """A label selector as kubectl takes it (``gpushare=true``, ``pool in (a,b)``, ``!spot``).
+
+    Empty selects every node.
+    """
+    if not text.strip():
+        return ""
+    requirements = re.split(r",(?![^(]*\))", text)
+    for requirement in requirements:
+        if not _REQUIREMENT.fullmatch(requirement.strip()):
+            raise argparse.ArgumentTypeError(
+                f"{requirement.strip()!r} is not a label selector requirement; write such as "
+                "gpushare=true, 'pool in (a,b)' or '!spot', joined by commas"
+            )
+    return text
+
+
 # NB: serve's defaults live in webhook.serving (ServeOptions); they are written
 # here too so --help needs no gunicorn import, and a test holds the two equal.
 SERVE_DEFAULTS = {"workers": 2, "threads": 4, "read_timeout": 10.0}
@@ -104,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--watch-nodes",
         action="store_true",
         help="read GPU sizes from the cluster's Nodes (list and watch; needs RBAC on nodes)",
+    )
+    serve.add_argument(
+        "--node-selector",
+        type=label_selector,
+        default="",
+        metavar="LABELS",
+        help="watch only the nodes with these labels, such as gpushare=true, the label the "
+        "GPU-share device plugin runs on (default: every node)",
     )
     serve.add_argument("--kubeconfig", help="kubeconfig for --watch-nodes (default: in-cluster)")
     serve.add_argument("--context", help="kubeconfig context for --watch-nodes")

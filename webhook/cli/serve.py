@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import logging
 import logging.config
 import os
@@ -17,16 +18,19 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from webhook.cli.args import EXIT_OK
-from webhook.decision.capacity import NodeSource
+from webhook.decision.nodes import NodeSource
+
+if TYPE_CHECKING:
+    from webhook.cluster.nodewatch import NodeWatch
 from webhook.errors import CertificateError, InputError
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from webhook import tls
-    from webhook.decision.capacity import NoNodes
+    from webhook.decision.nodes import NoNodes
     from webhook.serving import logs
     from webhook.serving.app import State, create_app
     from webhook.serving.runtime import PolicySource
@@ -55,24 +59,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     tls.check_pair(cert, key)
     nodes: NodeSource = NoNodes()
-    start_in_worker: Callable[[], None] | None = None
+    watch: NodeWatch | None = None  # the one node watch process of the server
+    liveness: Callable[[], tuple[bool, str]] | None = None
+    owned: list[Path] = []  # directories this process made, removed at its exit
     if args.watch_nodes:
-        from webhook.cluster import kube
-        from webhook.cluster import nodes as node_watch
+        from webhook.cluster import nodewatch
+        from webhook.serving.nodes import SharedNodes
+        from webhook.serving.runtime import runtime_dir
 
-        # Credentials are checked here, so a missing token stops start-up with
-        # a clear error; each worker makes its own client and watch after fork.
-        kube.api_client(args.kubeconfig, args.context)
-        watcher = node_watch.NodeWatcher(
-            lambda: kube.api_client(args.kubeconfig, args.context, retries=0)
+        shared = runtime_dir("gpushare-nodes-")
+        owned.append(shared)
+        watch = nodewatch.NodeWatch(
+            shared / "nodes.json",
+            nodewatch.WatchOptions(
+                kubeconfig=args.kubeconfig, context=args.context, label_selector=args.node_selector
+            ),
         )
-        nodes, start_in_worker = watcher, watcher.start_and_wait
-    owned_dir: Path | None = None
+        shared_nodes = SharedNodes(watch.snapshot, alive=watch.alive)
+        nodes, liveness = shared_nodes, shared_nodes.liveness
     state = State(policy=source, nodes=nodes, ready=_readiness(host, int(port), nodes))
+    if liveness is not None:
+        state.alive = liveness
     if args.metrics:
         from webhook.serving.runtime import prepare_metrics_directory
 
-        owned_dir = prepare_metrics_directory()  # before prometheus_client is imported
+        metrics_dir = prepare_metrics_directory()  # before prometheus_client is imported
+        if metrics_dir is not None:
+            owned.append(metrics_dir)
         from webhook.serving import metrics
 
         state.metrics = metrics.Metrics(source, nodes, cert)
@@ -95,29 +108,45 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if value is not None
         },
     )
-    # gunicorn's own "Listening at" line is empty with reuse_port (each worker binds).
-    logging.getLogger("gpushare_webhook.serve").info(
-        "serving",
-        extra={
-            "fields": {
-                "url": f"https://{args.bind}/mutate",
-                "workers": options.workers,
-                "threads": options.threads,
-                "worker_class": options.worker_class,
-                "read_timeout": options.read_timeout,
-                "policy": args.policy or "built-in defaults",
-                "watch_nodes": bool(args.watch_nodes),
-                "metrics": bool(args.metrics),
-            }
-        },
-    )
     master = os.getpid()
+    app = create_app(state)
+    # NB: a forked process shares this one's memory until it writes to it,
+    # and a garbage collection there writes to every object it scans. Frozen
+    # objects are never scanned, so the node watch and the workers keep them
+    # shared (measured: bench/run.py --memory).
+    gc.freeze()
     try:
-        WebhookServer(create_app(state), options, post_fork=start_in_worker).run()
+        if watch is not None:
+            # One watch for the server, forked now, while this process has one
+            # thread; it alone imports the kubernetes client and checks the
+            # credentials (a failure stops the start here, in one line).
+            watch.start(log_config)
+            watch.wait_first(timeout=5.0)
+        # gunicorn's own "Listening at" line is empty with reuse_port (each worker binds).
+        logging.getLogger("gpushare_webhook.serve").info(
+            "serving",
+            extra={
+                "fields": {
+                    "url": f"https://{args.bind}/mutate",
+                    "workers": options.workers,
+                    "threads": options.threads,
+                    "worker_class": options.worker_class,
+                    "read_timeout": options.read_timeout,
+                    "policy": args.policy or "built-in defaults",
+                    "watch_nodes": bool(args.watch_nodes),
+                    **({"node_selector": args.node_selector} if args.node_selector else {}),
+                    "metrics": bool(args.metrics),
+                }
+            },
+        )
+        WebhookServer(app, options).run()
     finally:
         # Workers unwind through here too when they exit; only the master cleans up.
-        if owned_dir is not None and os.getpid() == master:
-            shutil.rmtree(owned_dir, ignore_errors=True)
+        if os.getpid() == master:
+            if watch is not None:
+                watch.stop()
+            for directory in owned:
+                shutil.rmtree(directory, ignore_errors=True)
     return EXIT_OK
 
 

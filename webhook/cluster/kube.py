@@ -10,7 +10,7 @@ so callers import this package only when they need the API.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client, config
@@ -43,6 +43,36 @@ def api_client(
         )
     except (config.ConfigException, OSError) as error:
         raise KubeError(f"no usable Kubernetes credentials: {error}") from None
+
+
+def get_json(
+    api: client.ApiClient,
+    path: str,
+    query: dict[str, str],
+    *,
+    timeout: float | tuple[float, float],
+) -> Any:
+    """GET ``path`` with its query; the response, status checked, body not yet read.
+
+    NB: for reads of one kind as plain JSON. The generated API classes
+    import their pydantic models when first used: about 20 MiB for
+    ``CoreV1Api``, in a process (the node watch) that needs a few fields of
+    one kind. The request still goes through the client's own set-up: its
+    authentication (tokens refreshed by exec plugins too), TLS and proxies.
+    A status other than 2xx is an ApiException, as from a generated call.
+    """
+    method, url, headers, body, post = api.param_serialize(
+        method="GET",
+        resource_path=path,
+        query_params=[(k, v) for k, v in query.items() if v != ""],
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(method, url, headers, body, post, _request_timeout=timeout)
+    if not 200 <= response.status <= 299:
+        response.read()
+        raise ApiException(status=response.status, reason=response.reason)
+    return response
 
 
 def call(what: str, verb: str, resource: str, fn: Callable[[], T]) -> T:

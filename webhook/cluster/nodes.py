@@ -1,36 +1,49 @@
 """Watching Nodes for their GPU capacity, as an informer does.
 
-Owns the list-then-watch of Nodes in a background thread per serving
-process, and the view of the cluster's GPUs it keeps for the decision
-(``webhook.decision.capacity.NodeView``).
+Owns the list-then-watch of Nodes in a background thread, and what it
+knows of them: the facts of each node (its labels and extended-resource
+capacity) and how the watch is doing. ``serve --watch-nodes`` runs one of
+these per server, in a process of its own (``webhook.cluster.nodewatch``),
+which shares the facts with every worker as a snapshot file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import random
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import urllib3
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from webhook.decision.capacity import NodeFacts, NodeStatus, NodeView, gpu_nodes
+from webhook.cluster import kube
+from webhook.decision.capacity import NodeFacts
+from webhook.decision.nodes import NodeStatus, NodeView, capacity_kept, view_of
 from webhook.decision.policy import Policy
 
 log = logging.getLogger("gpushare_webhook.nodes")
 
 
-def _facts(node: Any) -> NodeFacts:
-    meta, status = node.metadata, node.status
+def _facts(node: dict[str, Any]) -> NodeFacts:
+    """A Node object (JSON, as the API sends it) as the facts the decision reads."""
+    meta = node.get("metadata") or {}
+    capacity = (node.get("status") or {}).get("capacity") or {}
     return NodeFacts(
-        name=meta.name or "",
-        labels=dict(meta.labels or {}),
-        capacity=dict((status.capacity if status is not None else None) or {}),
+        name=str(meta.get("name") or ""),
+        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+        capacity={str(k): str(v) for k, v in capacity.items() if capacity_kept(str(k))},
     )
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is older than the API server keeps (410): list again."""
 
 
 def unreachable(error: BaseException) -> str:
@@ -60,58 +73,58 @@ class NodeWatcher:
     While the API is unreachable the last
     known nodes stay in force; until a first list succeeds (or when no node
     reports GPU memory) reviews fall back to the policy's ``gpuMemory``, and
-    the view says so. Start it in each serving process (threads do not
-    survive a fork).
+    the view says so. ``label_selector`` narrows the watch to some nodes
+    (``gpushare=true``: the nodes the GPU-share device plugin runs on).
     """
 
     def __init__(
         self,
         make_api: Callable[[], client.ApiClient],
         *,
+        label_selector: str = "",
         watch_timeout: int = 300,
         request_timeout: float = 15.0,
         backoff: tuple[float, float] = (0.5, 30.0),
     ) -> None:
         self._make_api = make_api
+        self.label_selector = label_selector
         self.watch_timeout = watch_timeout
         self.request_timeout = request_timeout
         self.backoff = backoff
         self._lock = threading.Lock()
         self._facts: dict[str, NodeFacts] = {}
-        self._version = 0  # bumps on every change of _facts
+        self._version = 0  # bumps on every change of _facts or of the status
         self._cache: tuple[int, Policy, NodeView] | None = None
         self._status = NodeStatus(watching=True, problem="node list not read yet")
         self._stop = threading.Event()
         self._tried = threading.Event()  # set once the first list has been answered or failed
-        self._watch: watch.Watch | None = None
+        self._api: client.ApiClient | None = None
+        self._stream: Any = None  # the watch's response, closed to stop it
         self._thread: threading.Thread | None = None
         self.lists = 0
         self.watches = 0
 
-    # -- reading (request threads) --
+    # -- reading (other threads) --
 
     def status(self) -> NodeStatus:
         return self._status
+
+    @property
+    def version(self) -> int:
+        """A number that changes whenever the facts or the status do."""
+        return self._version
+
+    def snapshot(self) -> tuple[int, NodeStatus, tuple[NodeFacts, ...]]:
+        """The version, status and facts, taken together."""
+        with self._lock:
+            return self._version, self._status, tuple(self._facts.values())
 
     def view(self, policy: Policy) -> NodeView:
         cache = self._cache
         if cache is not None and cache[0] == self._version and cache[1] is policy:
             return cache[2]
-        with self._lock:
-            version, facts, status = self._version, tuple(self._facts.values()), self._status
-        fallback = (
-            f"GPU sizes come from the policy's gpuMemory ({policy.gpu_memory} {policy.memory_unit})"
-        )
-        if not status.synced:
-            why = status.problem or "not read yet"
-            result = NodeView(note=f"{fallback}: the cluster's node list is not available ({why})")
-        else:
-            nodes = gpu_nodes(facts, policy)
-            result = (
-                NodeView(nodes=nodes)
-                if nodes
-                else NodeView(note=f"{fallback}: no node reports {policy.resource_name}")
-            )
+        version, status, facts = self.snapshot()
+        result = view_of(facts, status, policy)
         self._cache = (version, policy, result)
         return result
 
@@ -125,25 +138,32 @@ class NodeWatcher:
     def start_and_wait(self, timeout: float = 5.0) -> None:
         """Start, and give the first list up to ``timeout`` to arrive.
 
-        Each worker runs its own watch; waiting here (after fork, before the
-        worker takes connections) keeps a new worker from bounding pods by
-        the policy's guess while the cluster's answer is a few ms away. An
-        API that does not answer in time only delays the worker, which then
-        falls back as usual.
+        Waiting here, before the server takes connections, keeps it from
+        bounding pods by the policy's guess while the cluster's answer is a
+        few ms away. An API that does not answer in time only delays the
+        start, and reviews then fall back as usual.
         """
         self.start()
         self._tried.wait(timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        if self._watch is not None:
-            self._watch.stop()
+        # NB: closing the response would wait for the thread reading it (they
+        # share a lock); shutting its socket down ends that read at once.
+        sock = getattr(
+            getattr(getattr(self._stream, "response", None), "connection", None), "sock", None
+        )
+        if sock is not None:
+            with contextlib.suppress(OSError):  # closed already
+                sock.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(timeout)
 
     def _set(self, **changes: Any) -> None:
         old = self._status
-        self._status = dataclasses.replace(old, **changes)
+        with self._lock:
+            self._status = dataclasses.replace(old, **changes)
+            self._version += 1
         if self._status.tried:
             self._tried.set()
         if old.problem and not self._status.problem:
@@ -154,7 +174,25 @@ class NodeWatcher:
             self._facts = facts
             self._version += 1
 
-    def _apply(self, kind: str, node: Any) -> None:
+    def _get(self, query: dict[str, str], timeout: float | tuple[float, float]) -> Any:
+        return kube.get_json(
+            self._api,
+            "/api/v1/nodes",
+            {"labelSelector": self.label_selector, **query},
+            timeout=timeout,
+        )
+
+    @staticmethod
+    def _event(event: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """(type, object) of one watch event; an ERROR event is raised as the API's error."""
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _Gone()
+            raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+        return str(kind), obj
+
+    def _apply(self, kind: str, node: dict[str, Any]) -> None:
         facts = _facts(node)
         with self._lock:
             if kind == "DELETED":
@@ -162,44 +200,47 @@ class NodeWatcher:
             else:
                 self._facts[facts.name] = facts
             self._version += 1
-            count = len(self._facts)
-        self._status = dataclasses.replace(self._status, nodes=count)
+            self._status = dataclasses.replace(self._status, nodes=len(self._facts))
 
     def _run(self) -> None:
-        core = client.CoreV1Api(self._make_api())
+        self._api = api = self._make_api()
         version: str | None = None
         failures = 0
         while not self._stop.is_set():
             streamed = 0
             try:
                 if version is None:
-                    listed = core.list_node(_request_timeout=self.request_timeout)
+                    listed = self._get({}, self.request_timeout)
+                    page = json.loads(listed.read())
                     self.lists += 1
-                    self._replace({n.metadata.name: _facts(n) for n in listed.items})
-                    version = listed.metadata.resource_version
-                    self._set(
-                        tried=True, synced=True, connected=True, problem="", nodes=len(listed.items)
-                    )
+                    items = page.get("items") or []
+                    self._replace({f.name: f for f in map(_facts, items)})
+                    version = page["metadata"]["resourceVersion"]
+                    self._set(tried=True, synced=True, connected=True, problem="", nodes=len(items))
                 self.watches += 1
-                self._watch = watch.Watch()
-                for event in self._watch.stream(
-                    core.list_node,
-                    resource_version=version,
-                    timeout_seconds=self.watch_timeout,
-                    allow_watch_bookmarks=True,
-                    _request_timeout=(self.request_timeout, self.watch_timeout + 30),
-                ):
+                query = {
+                    "watch": "true",
+                    "resourceVersion": version,
+                    "allowWatchBookmarks": "true",
+                    "timeoutSeconds": str(self.watch_timeout),
+                }
+                self._stream = self._get(query, (self.request_timeout, self.watch_timeout + 30))
+                for line in self._stream.response:
+                    if not line.strip():
+                        continue
                     streamed += 1
-                    node = event["object"]
-                    if event["type"] != "BOOKMARK":
-                        self._apply(event["type"], node)
-                    version = node.metadata.resource_version or version
+                    kind, node = self._event(json.loads(line))
+                    if kind != "BOOKMARK":
+                        self._apply(kind, node)
+                    version = (node.get("metadata") or {}).get("resourceVersion") or version
                 failures = 0
+                continue
+            except _Gone:
+                version = None  # older than the API server keeps: list again
                 continue
             except ApiException as error:
                 if error.status == 410:
-                    # The resourceVersion is older than the apiserver keeps: list again.
-                    version = None
+                    version = None  # older than the API server keeps: list again
                     continue
                 problem = (
                     "forbidden to list or watch nodes: grant the service account 'list' and "
@@ -211,11 +252,13 @@ class NodeWatcher:
                 if streamed:
                     # A stream cut after it delivered events: resume where it stopped.
                     continue
-                problem = f"cannot reach the Kubernetes API at {core.api_client.configuration.host}"
+                problem = f"cannot reach the Kubernetes API at {api.configuration.host}"
                 problem += f" ({unreachable(error)})"
             except Exception as error:  # the thread must outlive any surprise from the API
                 log.exception("node watch failed")
                 problem = f"{type(error).__name__}: {error}"
+            if self._stop.is_set():
+                return  # stopped: the cut stream was ours
             failures += 1
             self._set(tried=True, connected=False, problem=problem)
             # After a failure, list again once the API answers: that both proves

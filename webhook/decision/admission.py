@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from webhook.decision import responses
-from webhook.decision.capacity import GpuLimits, GpuNode, limits_for
 from webhook.decision.decoding import decode
+from webhook.decision.nodes import NodeView
 from webhook.decision.patch import compact_json
 from webhook.decision.plan import Decision, plan, plan_ephemeral, untouched
 from webhook.decision.policy import Policy
@@ -67,11 +67,10 @@ def _pod_name(request: Request) -> str:
     return request.get("name") or ""
 
 
-def decide(
-    request: Request,
-    policy: Policy,
-    nodes: Sequence[GpuNode] | None = None,
-) -> Decision:
+_NO_VIEW = NodeView()
+
+
+def decide(request: Request, policy: Policy, view: NodeView = _NO_VIEW) -> Decision:
     """The decision for a decoded request: the rules for which requests are looked at."""
     if not _is_pod(request):
         return untouched("not-a-pod")
@@ -85,21 +84,16 @@ def decide(
     if request["operation"] != "CREATE":
         return untouched("not-create")
     spec = pod.get("spec") if isinstance(pod, dict) else None
-    limits: GpuLimits = limits_for(spec if isinstance(spec, dict) else {}, policy, nodes)
+    limits = view.limits(spec if isinstance(spec, dict) else {}, policy)
     return plan(pod, policy, namespace=namespace, limits=limits)
 
 
-def admit(
-    body: bytes,
-    policy: Policy,
-    nodes: Sequence[GpuNode] | None = None,
-    *,
-    note: str = "",
-) -> Result:
+def admit(body: bytes, policy: Policy, view: NodeView = _NO_VIEW) -> Result:
     """Answer one AdmissionReview body. Never raises: a bug is answered as a denial.
 
-    ``note`` (why the nodes are not known) is added to the warnings of
-    every GPU pod, whose bounds then come from the policy.
+    ``view`` holds the GPU nodes pods are bounded by (none: the policy's
+    ``gpuMemory``); its note (why the nodes are not known) is added to the
+    warnings of every GPU pod, whose bounds then come from the policy.
     """
     try:
         api_version, request = decode(body)
@@ -110,9 +104,9 @@ def admit(
     name = _pod_name(request)
     dry_run = request.get("dryRun") is True
     try:
-        decision = decide(request, policy, nodes)
-        if note and decision.outcome != "untouched":
-            decision = dataclasses.replace(decision, warnings=(*decision.warnings, note))
+        decision = decide(request, policy, view)
+        if view.note and decision.outcome != "untouched":
+            decision = dataclasses.replace(decision, warnings=(*decision.warnings, view.note))
         answer = _respond(uid, decision)
     except Exception as error:  # a bug must become a denial, never a dropped pod
         # NB: like controller-runtime's panic recovery, the failure is answered

@@ -4,7 +4,8 @@ Owns the pure rule "which GPU size bounds this pod": the policy's
 ``gpuMemory`` when nothing better is known, else the largest single GPU among
 the known GPU nodes, narrowed to the nodes the pod's nodeSelector and
 required node affinity allow; and how a node's reported capacity becomes
-a GPU size. Knows nothing of how nodes are found.
+a GPU size. Knows nothing of how nodes are found (``webhook.decision.nodes``
+holds what a review sees of them).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from webhook.decision.policy import Policy
 from webhook.decision.quantities import parse_quantity
@@ -104,48 +105,17 @@ def _policy_limits(gpu_memory: int, max_gpus: int) -> GpuLimits:
 def limits_for(
     spec: Mapping[str, Any], policy: Policy, nodes: Sequence[GpuNode] | None
 ) -> GpuLimits:
-    """The bounds for a pod with this spec, given the known GPU nodes (None: unknown)."""
+    """The bounds for a pod with this spec, given the known GPU nodes (None: unknown).
+
+    Worked out afresh; ``webhook.decision.nodes.NodeView`` remembers them
+    per placement for the reviews of one node list.
+    """
     if not nodes:
         return limits_from_policy(policy)
-    if not isinstance(nodes, tuple):
-        return _limits_over(spec, nodes)
-    return _MEMO.limits(spec, nodes)
+    return limits_over(spec, nodes)
 
 
-class _Memo:
-    """Bounds already worked out for one node list, by placement.
-
-    NB: the bounds depend on the nodes and on the pod's placement only, and
-    pods share placements (most have none): remembering them per node list
-    turns a pass over every GPU node per review (about 1 ms for 500 nodes)
-    into a lookup. The node watch hands out one tuple until the nodes change.
-    """
-
-    SIZE = 512
-
-    def __init__(self) -> None:
-        # One attribute, swapped whole, so threads never pair a list with
-        # another list's bounds.
-        self.current: tuple[tuple[GpuNode, ...] | None, dict[str, GpuLimits]] = (None, {})
-
-    def limits(self, spec: Mapping[str, Any], nodes: tuple[GpuNode, ...]) -> GpuLimits:
-        known, by_placement = self.current
-        if known is not nodes:
-            by_placement = {}
-            self.current = (nodes, by_placement)
-        key = _placement_key(spec)
-        limits = by_placement.get(key)
-        if limits is None:
-            if len(by_placement) >= self.SIZE:
-                by_placement.clear()
-            limits = by_placement[key] = _limits_over(spec, nodes)
-        return limits
-
-
-_MEMO = _Memo()
-
-
-def _placement_key(spec: Mapping[str, Any]) -> str:
+def placement_key(spec: Mapping[str, Any]) -> str:
     """What of a pod spec decides the nodes it may run on, as text ("" for anywhere)."""
     selector = spec.get("nodeSelector")
     affinity = spec.get("affinity")
@@ -154,7 +124,7 @@ def _placement_key(spec: Mapping[str, Any]) -> str:
     return json.dumps([selector, _required_terms(spec)], sort_keys=True, default=repr)
 
 
-def _limits_over(spec: Mapping[str, Any], nodes: Sequence[GpuNode]) -> GpuLimits:
+def limits_over(spec: Mapping[str, Any], nodes: Sequence[GpuNode]) -> GpuLimits:
     allowed = [node for node in nodes if _node_allowed(spec, node.labels)]
     source = "the cluster's GPU nodes"
     if len(allowed) != len(nodes):
@@ -223,51 +193,3 @@ def _term_matches(term: Any, labels: Mapping[str, str]) -> bool:
             if (op == "Gt" and not number > bound) or (op == "Lt" and not number < bound):
                 return False
     return True
-
-
-# The seam through which node facts reach the decision: the serving side asks a
-# NodeSource (the cluster's node watch, or NoNodes) for a view on each review.
-@dataclass(frozen=True)
-class NodeView:
-    """The GPU nodes a review is checked against, or None to use the policy's gpuMemory.
-
-    ``note`` says why the policy is used although nodes were asked for; it
-    becomes an AdmissionResponse warning on GPU pods.
-    """
-
-    nodes: Sequence[GpuNode] | None = None
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    """How the node watch is doing, for metrics and logs."""
-
-    watching: bool = False
-    tried: bool = False  # the first list has been answered, or has failed
-    synced: bool = False  # a full list has been read at least once
-    connected: bool = False  # the last call to the API succeeded
-    problem: str = ""
-    nodes: int = 0  # all nodes seen, GPU or not
-
-
-class NodeSource(Protocol):
-    def view(self, policy: Policy) -> NodeView:
-        """The nodes to check a pod against under ``policy``."""
-
-    def status(self) -> NodeStatus:
-        """The state of the source, for metrics."""
-
-
-@dataclass
-class NoNodes:
-    """Node watching is off: every pod is checked against the policy."""
-
-    def view(self, policy: Policy) -> NodeView:
-        return _NO_NODES
-
-    def status(self) -> NodeStatus:
-        return NodeStatus()
-
-
-_NO_NODES = NodeView()

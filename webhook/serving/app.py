@@ -19,7 +19,7 @@ from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
 from webhook.decision.admission import Result, admit
-from webhook.decision.capacity import NodeSource, NoNodes
+from webhook.decision.nodes import NodeSource, NoNodes
 from webhook.serving.runtime import PolicySource
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ class State:
     policy: PolicySource = field(default_factory=PolicySource)
     nodes: NodeSource = field(default_factory=NoNodes)
     ready: Callable[[], tuple[bool, str]] = lambda: (True, "ok")
+    alive: Callable[[], tuple[bool, str]] = lambda: (True, "ok")
     metrics: Metrics | None = None
 
 
@@ -57,7 +58,10 @@ def create_app(state: State | None = None, *, max_body: int = MAX_BODY) -> Flask
 
     @app.get("/healthz")
     def healthz() -> Response:
-        return _json(200, {"status": "ok"})
+        ok, why = state.alive()
+        if ok:
+            return _json(200, {"status": "ok"})
+        return _json(503, {"status": "unhealthy", "reason": why})
 
     @app.get("/readyz")
     def readyz() -> Response:
@@ -135,7 +139,7 @@ class Mutate:
         state = self.state
         policy = state.policy.get()
         view = state.nodes.view(policy)
-        result = admit(body, policy, view.nodes, note=view.note)
+        result = admit(body, policy, view)
         elapsed = time.perf_counter() - started
         if state.metrics is not None:
             state.metrics.observe(result, elapsed, fallback=bool(view.note), policy=policy)

@@ -136,7 +136,16 @@ def prepare_metrics_directory() -> Path | None:
         for stale in directory.glob("*.db"):
             stale.unlink()
         return None
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    directory = Path(tempfile.mkdtemp(prefix="gpushare-metrics-", dir=base))
+    directory = runtime_dir("gpushare-metrics-")
     os.environ[METRICS_ENV] = str(directory)
     return directory
+
+
+def runtime_dir(prefix: str) -> Path:
+    """A new directory for files the server's processes share, in memory when it can be.
+
+    The webhook's pod has a read-only root file system; /dev/shm is a
+    writable tmpfs in every container.
+    """
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))

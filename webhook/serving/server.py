@@ -55,23 +55,15 @@ class ServeOptions:
 class WebhookServer(BaseApplication):  # type: ignore[misc]
     """gunicorn, configured in code: no config file, no command-line parsing."""
 
-    def __init__(
-        self,
-        app: Any,
-        options: ServeOptions,
-        *,
-        post_fork: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, app: Any, options: ServeOptions) -> None:
         self.application = app
         self.options = options
         self.contexts = ReloadingContext(options.cert, options.key)
-        self.post_fork_hook = post_fork
         super().__init__()
 
     def load_config(self) -> None:
         o = self.options
         contexts = self.contexts
-        hook = self.post_fork_hook
 
         socket_class = bounded_socket_class(o.read_timeout)
 
@@ -88,10 +80,6 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             if not gevent_contexts:
                 gevent_contexts.append(server_context(o.cert, o.key))
             return gevent_contexts[0]
-
-        def post_fork(_server: Any, _worker: Any) -> None:
-            if hook is not None:
-                hook()
 
         settings: dict[str, Any] = {
             "bind": [o.bind],
@@ -113,7 +101,6 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             "loglevel": o.log_level,
             "errorlog": "-",
             "accesslog": "-" if o.access_log else None,
-            "post_fork": post_fork,
             "logger_class": QuietAccessLogger,
             "logconfig_dict": o.log_config,
             "proc_name": "gpushare-webhook",

@@ -10,7 +10,10 @@ broken bytes are not tried again until they change.
 
 A change is seen by the files' contents, not their mtime: two writes within
 one clock tick of the file system leave the mtime unchanged, and the files
-are a few kilobytes, so hashing them once a second costs nothing.
+are a few kilobytes, so hashing them once a second costs nothing. The node
+snapshot is the exception (``replaced``): it can be megabytes, and its one
+writer replaces it whole, by rename, at most every quarter second, so a new
+inode and mtime say it changed without reading it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,19 @@ def fingerprint(paths: Sequence[Path]) -> str:
     return digest.hexdigest()
 
 
+def replaced(paths: Sequence[Path]) -> str:
+    """The files' identities (inode, mtime, size): for files only ever replaced by rename."""
+    parts = []
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError as error:
+            parts.append(f"unreadable: {error.strerror}")
+        else:
+            parts.append(f"{stat.st_ino}:{stat.st_mtime_ns}:{stat.st_size}")
+    return "|".join(parts)
+
+
 class WatchedFiles(Generic[T]):
     """A value loaded from files, reloaded when their bytes change, the last good one kept.
 
@@ -52,11 +68,13 @@ class WatchedFiles(Generic[T]):
         errors: tuple[type[Exception], ...],
         interval: float = 1.0,
         on_error: Callable[[str], None] | None = None,
+        changed: Callable[[Sequence[Path]], str] = fingerprint,
     ) -> None:
         self.paths, self.interval = tuple(paths), interval
         self._load, self._errors, self._on_error = load, errors, on_error
+        self._changed = changed
         self._lock = threading.Lock()
-        self._seen = fingerprint(self.paths)
+        self._seen = changed(self.paths)
         self.value = load()
         self._checked = time.monotonic()
         self.error = ""
@@ -72,7 +90,7 @@ class WatchedFiles(Generic[T]):
         """Look at the files now; True when a new value took effect."""
         with self._lock:
             self._checked = time.monotonic()
-            seen = fingerprint(self.paths)
+            seen = self._changed(self.paths)
             if seen == self._seen:
                 return False
             self._seen = seen

@@ -1,0 +1,81 @@
+"""The GPU nodes as a worker knows them: the node watch's snapshot file, followed.
+
+The server's one node watch (``webhook.cluster.nodewatch``, a process of its
+own) replaces a snapshot file whenever what it knows changes; each worker
+follows that file with the rule the policy follows (``webhook.serving.watch``:
+looked at every ``interval``, the last good snapshot kept if one cannot be
+read), and makes one ``NodeView`` per snapshot and policy, which remembers the
+bounds of each placement. No worker imports the kubernetes client or talks
+to the API.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from webhook.decision.capacity import NodeFacts
+from webhook.decision.nodes import NodeStatus, NodeView, decode_snapshot, view_of
+from webhook.decision.policy import Policy
+from webhook.errors import SnapshotError
+from webhook.serving.watch import WatchedFiles, replaced
+
+log = logging.getLogger("gpushare_webhook.nodes")
+STOPPED = "the node watch process has stopped; the nodes known before stay in force"
+
+Snapshot = tuple[NodeStatus, tuple[NodeFacts, ...]]
+
+
+def _load(path: Path) -> Snapshot:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise SnapshotError(f"{path}: cannot read the node snapshot: {error.strerror}") from None
+    return decode_snapshot(data)
+
+
+class SharedNodes:
+    """A NodeSource that reads the node watch's snapshot file.
+
+    ``alive`` tells whether the watch's keeper still runs: once it has
+    ended, nothing will update the file again, and the status says so.
+    """
+
+    def __init__(
+        self, path: Path, *, alive: Callable[[], bool] = lambda: True, interval: float = 0.25
+    ) -> None:
+        self.path = path
+        self._alive = alive
+        self._file: WatchedFiles[Snapshot] = WatchedFiles(
+            [path],
+            lambda: _load(path),
+            errors=(SnapshotError,),
+            interval=interval,
+            changed=replaced,
+            on_error=lambda error: log.error("node snapshot not read, keeping the last: %s", error),
+        )
+        self._cache: tuple[Snapshot, Policy, NodeView] | None = None
+
+    def liveness(self) -> tuple[bool, str]:
+        """For /healthz: a server whose node watch is gone for good should be restarted."""
+        if self._alive():
+            return True, "ok"
+        return False, "the node watch process has stopped; restart the server"
+
+    def status(self) -> NodeStatus:
+        status = self._file.get()[0]
+        if not self._alive():
+            return dataclasses.replace(status, connected=False, problem=STOPPED)
+        return status
+
+    def view(self, policy: Policy) -> NodeView:
+        snapshot = self._file.get()
+        cache = self._cache
+        if cache is not None and cache[0] is snapshot and cache[1] is policy:
+            return cache[2]
+        status, facts = snapshot
+        view = view_of(facts, status, policy)
+        self._cache = (snapshot, policy, view)
+        return view
