@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
+from typing import NoReturn
 
 from webhook import __version__
 
@@ -79,8 +80,15 @@ def label_selector(text: str) -> str:
 SERVE_DEFAULTS = {"workers": 2, "threads": 4, "read_timeout": 10.0}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake said in one line (argparse prints the whole usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpushare-webhook",
         description="Kubernetes admission webhook that makes GPU sharing safe.",
     )
