@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -372,6 +373,34 @@ def test_serve_help_shows_the_defaults_serve_uses() -> None:
     )
     for default in ["(default: 2)", "(default: 4)", "(default: 10)", "default: 0.0.0.0:8443"]:
         assert default in text
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, Any]:
+    """Every leaf command of the CLI ("serve", "certs create", ...) and its parser."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found.update(_commands(sub, f"{prefix}{name} "))
+    return found or {prefix.strip(): parser}
+
+
+def test_the_readme_command_summary_lists_every_option() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    summary = readme.split("## Command line", 1)[1].split("```", 2)[1]
+    for command, parser in _commands(build_parser()).items():
+        # The command's own lines: from its name to the next command's.
+        lines = summary.split(f"gpushare-webhook {command}", 1)[1].split("gpushare-webhook ", 1)[0]
+        for action in parser._actions:
+            if action.help == argparse.SUPPRESS or "-h" in action.option_strings:
+                continue
+            if action.option_strings:
+                named = action.option_strings[0]
+                shown = any(option in lines for option in action.option_strings)
+            else:  # a positional, shown by its metavar or name in capitals
+                named = action.metavar or action.dest.upper()
+                shown = named in lines
+            assert shown, f"README's command summary lacks {named} of {command}"
 
 
 @pytest.mark.parametrize(
