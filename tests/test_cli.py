@@ -484,3 +484,26 @@ def test_ctrl_c_exits_quietly() -> None:
     os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 130
     assert b"Traceback" not in seen
+
+
+def test_mutate_under_warn_admits_and_says_what_would_be_refused(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("namespaces: {team-a: {enforcement: warn}}\n")
+    text = yaml.safe_dump(pod(container(gpu="40"), container("ok", gpu="4")))
+    code, out, err = run_mutate(text, "--policy", str(policy))
+    assert code == 0
+    lines = err.splitlines()
+    assert lines == [
+        "warned: document 1 (Pod/train): container 'main' asks 40 GiB of aliyun.com/gpu-mem "
+        "per GPU, but the largest GPU has 16 GiB (policy gpuMemory): the pod could never be "
+        "scheduled; ask at most 16"
+    ]
+    mutated = yaml.safe_load(out)
+    assert mutated["spec"]["containers"][1]["env"][0]["name"] == "CUDA_DEVICE_MEMORY_LIMIT"
+    # The same pod in a namespace the policy does not name is refused.
+    code, _, err = run_mutate(text, "--policy", str(policy), "-n", "team-b")
+    assert code == 0  # the document names team-a: that is where it goes
+    other = yaml.safe_dump(pod(container(gpu="40"), container("ok", gpu="4")) | {"metadata": {}})
+    code, _, err = run_mutate(other, "--policy", str(policy), "-n", "team-b")
+    assert code == 1
+    assert err.startswith("rejected: ")

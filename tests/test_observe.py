@@ -81,6 +81,29 @@ def test_each_outcome_is_counted_with_its_reason() -> None:
     assert values["gpushare_largest_gpu_memory_bytes"] == 16 * 2**30
 
 
+def test_a_warned_pod_is_counted_as_warned_and_as_admitted(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("enforcement: warn\n")
+    client = make(PolicySource(policy))
+    answer = client.post(
+        "/mutate",
+        data=json.dumps(review(pod(container(gpu="40"), container("ok", gpu="4")))),
+        content_type="application/json",
+    ).get_json()["response"]
+    assert answer["allowed"] is True
+    assert answer["auditAnnotations"] == {"decision": "warned", "reason": "exceeds-gpu"}
+    assert answer["warnings"][0].startswith("gpushare-webhook would refuse this pod: ")
+    post(client, review(pod(container(env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0"}]))))
+    values = scrape(client)
+    count = "gpushare_admission_reviews_total"
+    assert values[f'{count}{{outcome="warned",reason="exceeds-gpu"}}'] == 1
+    assert values[f'{count}{{outcome="warned",reason="visible-devices"}}'] == 1
+    # Admitted and holding GPU memory (44 GiB: its GPU could never hold it);
+    # the pod that asks none is no GPU pod.
+    assert values['gpushare_admitted_gpu_pods_total{namespace="team-a"}'] == 1
+    assert values['gpushare_admitted_gpu_memory_bytes_total{namespace="team-a"}'] == 44 * 2**30
+
+
 def test_tallied_durations_land_in_the_buckets_observe_would_use() -> None:
     # Reviews are tallied in memory and added to the histogram in batches;
     # the page must be what one observe() per review would have made.

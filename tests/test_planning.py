@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import GPU, apply, container, pod
 from webhook.decision.capacity import GpuNode, limits_for
 from webhook.decision.nodes import NodeView
-from webhook.decision.plan import STATUS_ANNOTATION, Decision, is_gpu_pod, plan
+from webhook.decision.plan import STATUS_ANNOTATION, Decision, is_gpu_pod, plan, plan_ephemeral
 from webhook.decision.policy import DEFAULT_POLICY, parse_policy, parse_policy_text
 
 
@@ -505,3 +505,119 @@ def test_proportional_compute_uses_the_largest_gpu() -> None:
     out = apply(obj, list(plan(obj, fixed).patch))
     assert env_of(out)["CUDA_DEVICE_SM_LIMIT"] == "20"
     assert "CUDA_DEVICE_SM_LIMIT" not in env_of(apply(obj, list(plan(obj, DEFAULT_POLICY).patch)))
+
+
+# -- enforcement: warn --
+
+WARN = parse_policy_text("enforcement: warn")
+
+
+def warned(obj: Any, policy: Any = WARN) -> Decision:
+    decision = plan(obj, policy, namespace="team-a")
+    assert decision.outcome == "warned", decision
+    assert decision.allowed
+    return decision
+
+
+@pytest.mark.parametrize(
+    ("obj", "reasons", "set_up"),
+    [
+        (pod(container(gpu="40")), ("exceeds-gpu",), ["main"]),
+        (pod(container(gpu="4"), nodeName="n1"), ("node-name",), ["main"]),
+        (pod(container(gpu="4"), hostPID=True), ("host-pid",), ["main"]),
+        (
+            pod(container(gpu="4"), container("bad", gpu="4Gi")),
+            ("unit-confusion",),
+            ["main"],
+        ),
+        (pod(container(gpu="0.5")), ("fractional",), []),
+        (
+            pod(container(gpu="4", securityContext={"privileged": True})),
+            ("privileged",),
+            ["main"],
+        ),
+        (
+            pod(container(gpu="4", volumeMounts=[{"name": "x", "mountPath": "/usr/local/vgpu"}])),
+            ("shim-mount",),
+            [],
+        ),
+        (
+            pod(container(gpu="4", env=[{"name": "LD_PRELOAD", "valueFrom": {}}])),
+            ("preload-value-from",),
+            [],
+        ),
+        (pod(container(gpu="4"), volumes=[{"name": "gpushare-shim"}]), ("reserved-volume",), []),
+        (pod(container(gpu="4", env="A=B")), ("malformed-object",), []),
+    ],
+    ids=[
+        "exceeds-gpu",
+        "node-name",
+        "host-pid",
+        "one-container-unreadable",
+        "no-container-readable",
+        "privileged",
+        "shim-mount",
+        "preload-value-from",
+        "reserved-volume",
+        "malformed",
+    ],
+)
+def test_under_warn_a_pod_is_admitted_with_every_refusal_as_a_warning(
+    obj: Any, reasons: tuple[str, ...], set_up: list[str]
+) -> None:
+    refused = decide(obj)
+    assert not refused.allowed
+    decision = warned(obj)
+    assert decision.reasons == reasons == refused.reasons
+    assert decision.reason == refused.reason
+    assert decision.message == refused.message
+    assert [w for w in decision.warnings if "would refuse" in w] == [
+        f"gpushare-webhook would refuse this pod: {p.message}" for p in refused.problems
+    ]
+    # What is set up: the containers whose asks were read, when nothing clashes.
+    after = apply(obj, list(decision.patch))
+    limited = [
+        c["name"]
+        for c in after["spec"]["containers"]
+        if isinstance(c.get("env"), list)
+        and any(e.get("name") == "CUDA_DEVICE_MEMORY_LIMIT" for e in c["env"])
+    ]
+    assert limited == set_up
+    assert bool(decision.ops) == bool(set_up)
+    again = plan(after, WARN, namespace="team-a")  # a fixed point, warned again
+    assert again.outcome == "warned"
+    assert again.ops == ()
+
+
+def test_under_warn_another_scheduler_is_kept() -> None:
+    obj = pod(container(gpu="4"), schedulerName="volcano")
+    after = apply(obj, list(warned(obj).patch))
+    assert after["spec"]["schedulerName"] == "volcano"
+    assert env_of(after)["CUDA_DEVICE_MEMORY_LIMIT"] == "4096m"
+
+
+def test_under_warn_a_pod_that_breaks_no_rule_is_mutated_as_usual() -> None:
+    obj = pod(container(gpu="4"))
+    decision = plan(obj, WARN, namespace="team-a")
+    assert decision.outcome == "mutated"
+    assert decision.patch == decide(obj).patch
+    assert decision.warnings == ()
+
+
+def test_under_warn_an_ephemeral_container_is_warned() -> None:
+    obj = pod(
+        container(gpu="4"),
+        ephemeralContainers=[container("debug", securityContext={"privileged": True})],
+    )
+    assert plan_ephemeral(obj, DEFAULT_POLICY, namespace="team-a").outcome == "rejected"
+    decision = plan_ephemeral(obj, WARN, namespace="team-a")
+    assert decision.outcome == "warned"
+    assert decision.reasons == ("privileged",)
+    assert decision.ops == ()
+
+
+def test_warn_is_per_namespace_when_the_policy_says_so() -> None:
+    policy = parse_policy_text("namespaces: {team-a: {enforcement: warn}}")
+    obj = pod(container(gpu="40"))
+    assert plan(obj, policy, namespace="team-a").outcome == "warned"
+    assert plan(obj, policy, namespace="team-b").outcome == "rejected"

@@ -89,6 +89,12 @@ ERRORS = [
     ("- a\n- b", "must be a YAML mapping"),
     ("schedulerName: [unclosed", "not valid YAML at line 1"),
     ("key: value\n  bad: indent", "not valid YAML at line 2"),
+    ("enforcement: audit", "'enforcement': 'audit' is not allowed; use one of enforce, warn"),
+    ("namespaces: [team-a]", "'namespaces': expected a mapping from names to {enforcement}"),
+    ("namespaces: {Team_A: {enforcement: warn}}", "'namespaces.Team_A': 'Team_A' is not valid"),
+    ("namespaces: {team-a: warn}", "'namespaces.team-a': expected a mapping with keys enforcement"),
+    ("namespaces: {team-a: {mode: warn}}", "'namespaces.team-a.mode' is not known"),
+    ("namespaces: {team-a: {enforcement: off}}", "'namespaces.team-a.enforcement': False"),
 ]
 
 
@@ -132,3 +138,44 @@ def test_every_key_is_documented_and_round_trips() -> None:
 )
 def test_the_default_gpu_is_16_gib_in_either_unit(text: str, largest: int) -> None:
     assert parse_policy_text(text).gpu_memory == largest
+
+
+@pytest.mark.parametrize(
+    ("text", "namespace", "expected"),
+    [
+        ("", "team-a", "enforce"),
+        ("enforcement: warn", "team-a", "warn"),
+        ("enforcement: warn", "", "warn"),
+        ("namespaces: {team-a: {enforcement: warn}}", "team-a", "warn"),
+        ("namespaces: {team-a: {enforcement: warn}}", "team-b", "enforce"),
+        ("namespaces: {team-a: {enforcement: warn}}", "", "enforce"),
+        ("enforcement: warn\nnamespaces: {team-a: {enforcement: enforce}}", "team-a", "enforce"),
+        ("enforcement: warn\nnamespaces: {team-a: {}}", "team-a", "enforce"),
+    ],
+    ids=[
+        "default",
+        "cluster-warn",
+        "cluster-warn-no-namespace",
+        "namespace-warn",
+        "other-namespace",
+        "no-namespace",
+        "namespace-enforces-under-cluster-warn",
+        "namespace-listed-with-defaults",
+    ],
+)
+def test_a_namespace_setting_wins_over_the_cluster_one(
+    text: str, namespace: str, expected: str
+) -> None:
+    """A namespace listed takes its own settings, their defaults included."""
+    assert parse_policy_text(text).enforcement_for(namespace) == expected
+
+
+def test_namespace_settings_round_trip_in_name_order() -> None:
+    text = "namespaces:\n  team-b: {enforcement: warn}\n  team-a: {enforcement: enforce}\n"
+    policy = parse_policy_text(text)
+    assert [name for name, _ in policy.namespaces.items] == ["team-a", "team-b"]
+    assert parse_policy_text(dump_policy(policy)) == policy
+    assert policy.to_document()["namespaces"] == {
+        "team-a": {"enforcement": "enforce"},
+        "team-b": {"enforcement": "warn"},
+    }

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 import yaml
 
 from webhook.cli.args import EXIT_OK, EXIT_REJECTED
+from webhook.decision.plan import WOULD_REFUSE
 from webhook.decision.policy import DEFAULT_POLICY, Policy, dump_policy
 from webhook.errors import InputError
 from webhook.serving.runtime import read_policy
@@ -75,10 +76,14 @@ def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: 
         several = len(result.decisions) > 1
         for where, decision in result.decisions:
             label = f"{result.label} {where}" if several else result.label
+            # One line each: every problem in one run. Under enforcement: warn the
+            # webhook admits the pod and warns, as the webhook's own answer does.
+            verdict = "rejected" if not decision.allowed else "warned"
+            for problem in decision.problems:
+                print(f"{verdict}: {label}: {problem.message}", file=stderr)
             for warning in decision.warnings:
-                print(f"warning: {label}: {warning}", file=stderr)
-            for problem in decision.problems:  # one line each: every problem in one run
-                print(f"rejected: {label}: {problem.message}", file=stderr)
+                if not warning.startswith(WOULD_REFUSE):  # said just above
+                    print(f"warning: {label}: {warning}", file=stderr)
         if not result.rejected:
             kept.append(result)
     if args.output == "patch":

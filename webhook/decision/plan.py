@@ -10,6 +10,7 @@ the network or an HTTP request; the callers (``admission`` for the webhook,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
@@ -33,8 +34,16 @@ __all__ = [
     "untouched",
 ]
 
-Outcome = Literal["untouched", "mutated", "unchanged", "rejected"]
+Outcome = Literal["untouched", "mutated", "unchanged", "rejected", "warned"]
 MAX_PROBLEMS = 10  # named in a refusal; a pod with more hears how many more
+# Problems with what the webhook would add (a name or path of the pod's that
+# the shim's volume or mounts would clash with, an LD_PRELOAD it cannot
+# read, a field it cannot read): under warn, such a pod is admitted as it
+# came. Every other problem leaves the set-up well defined, so it is made.
+WOULD_REFUSE = "gpushare-webhook would refuse this pod: "  # a warning's start, under warn
+NOT_INJECTABLE = frozenset(
+    {"malformed-object", "reserved-volume", "shim-mount", "preload-value-from"}
+)
 
 
 class Problem(NamedTuple):
@@ -56,7 +65,7 @@ class Decision:
     warnings: tuple[str, ...] = ()
     demand: int = 0  # GPU memory the pod holds on its GPU, in the policy's unit
     asks: tuple[ContainerAsk, ...] = ()
-    problems: tuple[Problem, ...] = ()  # every reason it is refused, in the pod's order
+    problems: tuple[Problem, ...] = ()  # every reason it is (or, warned, would be) refused
 
     @property
     def allowed(self) -> bool:
@@ -64,7 +73,7 @@ class Decision:
 
     @property
     def reasons(self) -> tuple[str, ...]:
-        """The reason of every problem, each once, in order (empty unless refused)."""
+        """The reason of every problem, each once, in order (empty unless refused or warned)."""
         return tuple(dict.fromkeys(problem.reason for problem in self.problems))
 
     @property
@@ -90,6 +99,32 @@ def _refused(found: list[PodError]) -> Decision:
     )
 
 
+def _warned(found: list[PodError], done: Decision | None = None) -> Decision:
+    """Admitted under ``enforcement: warn``, with a warning for each refusal it would have had.
+
+    ``done`` is what the webhook set up anyway (its ops, asks and warnings),
+    None when it set up nothing.
+    """
+    refused = _refused(found)
+    warnings = tuple(
+        f"gpushare-webhook would refuse this pod: {p.message}" for p in refused.problems
+    )
+    base = done or Decision(outcome="untouched", reason="untouched")
+    return dataclasses.replace(
+        base,
+        outcome="warned",
+        reason=refused.reason,
+        message=refused.message,
+        warnings=(*warnings, *base.warnings),
+        problems=refused.problems,
+    )
+
+
+def _judged(found: list[PodError], warn: bool) -> Decision:
+    """The pod's problems, as a refusal or (under warn) as warnings on an untouched pod."""
+    return _warned(found) if warn else _refused(found)
+
+
 def _joined(problems: tuple[Problem, ...]) -> str:
     """One problem as it is; several numbered in one line (kubectl prints the message whole)."""
     if len(problems) == 1:
@@ -107,11 +142,17 @@ def plan(
     namespace: str = "",
     limits: GpuLimits | None = None,
 ) -> Decision:
-    """Decide what to do with ``pod`` (a decoded Pod object) under ``policy``."""
+    """Decide what to do with ``pod`` (a decoded Pod object) under ``policy``.
+
+    Under ``enforcement: warn`` (the policy's, or its namespace's) a pod that
+    breaks a rule is admitted, with a warning for each refusal, and set up
+    as far as that stays well defined (see ``NOT_INJECTABLE``).
+    """
+    warn = policy.enforcement_for(namespace) == "warn"
     try:
-        return _plan(pod, policy, namespace=namespace, limits=limits)
+        return _plan(pod, policy, namespace=namespace, limits=limits, warn=warn)
     except PodError as error:
-        return _refused([error])
+        return _judged([error], warn)
 
 
 def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
@@ -141,7 +182,9 @@ def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
     return False
 
 
-def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | None) -> Decision:
+def _plan(
+    pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | None, warn: bool
+) -> Decision:
     if not isinstance(pod, dict):
         raise ShapeError("object", "a Pod object", pod)
     if namespace and namespace in policy.exclude_namespaces:
@@ -153,7 +196,7 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
         if isinstance(spec, dict):
             for kind, container in each_container(spec, CONTAINER_KINDS):
                 checks.check_visible_devices(container, kind, policy, found)
-        return _refused(found) if found else untouched("no-gpu-request")
+        return _judged(found, warn) if found else untouched("no-gpu-request")
     spec = mapping(pod, "spec")
     metadata = mapping(pod, "metadata", optional=True)
     limits = limits or limits_from_policy(policy)
@@ -178,17 +221,21 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
         checks.check_env(container, base, ask, found)
         checks.check_mounts(container, base, ask, shape, found)
     checks.check_annotations(metadata, found)
-    if found:
-        return _refused(found)
+    if found and (not warn or not asks or NOT_INJECTABLE & {e.reason for e in found}):
+        return _judged(found, warn)
 
+    # Under warn, a pod with problems gets here too: its readable asks are set
+    # up, and the scheduler it named, which enforce would refuse, is kept.
+    keep_scheduler = any(e.reason == "scheduler-name" for e in found)
     warnings = _claim_warnings(spec, policy)
-    ops = inject.scheduler_ops(spec, policy) + inject.volume_ops(spec, shape)
+    ops = [] if keep_scheduler else inject.scheduler_ops(spec, policy)
+    ops += inject.volume_ops(spec, shape)
     for ask, container, base in places:
         ops += inject.env_ops(container, base, ask, shape, warnings)
         ops += inject.mount_ops(container, base, shape)
     ops += inject.annotation_ops(metadata, asks, policy, demand)
     outcome: Outcome = "mutated" if ops else "unchanged"
-    return Decision(
+    done = Decision(
         outcome=outcome,
         reason=outcome,
         ops=tuple(ops),
@@ -196,6 +243,7 @@ def _plan(pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | No
         demand=demand,
         asks=tuple(asks),
     )
+    return _warned(found, done) if found else done
 
 
 def _claim_warnings(spec: Mapping[str, Any], policy: Policy) -> list[str]:
@@ -221,6 +269,7 @@ def plan_ephemeral(pod: object, policy: Policy, *, namespace: str = "") -> Decis
     They get no GPU from the device plugin and no shim, so they are only
     checked for the ways they could reach the GPUs anyway.
     """
+    warn = policy.enforcement_for(namespace) == "warn"
     try:
         if not isinstance(pod, dict):
             raise ShapeError("object", "a Pod object", pod)
@@ -236,5 +285,5 @@ def plan_ephemeral(pod: object, policy: Policy, *, namespace: str = "") -> Decis
             if gpu_pod:
                 checks.check_privilege(container, kind, policy, found)
     except PodError as error:
-        return _refused([error])
-    return _refused(found) if found else untouched("ephemeral-allowed")
+        return _judged([error], warn)
+    return _judged(found, warn) if found else untouched("ephemeral-allowed")

@@ -2,26 +2,44 @@
 
 Owns the ``policy.yaml`` schema (mounted from a ConfigMap in a cluster).
 Each key is declared once, on the field of the frozen dataclass that holds
-it: its YAML name, its check and a line of documentation (:func:`setting`,
-:func:`section`). Parsing, the defaults, the unknown-key message and
-``policy show`` (the YAML the README's reference is) are all read from
-those declarations. It never reads files: the caller hands it text, so the
-same code checks a policy offline, at start-up and on a live reload.
+it: its YAML name, its check and a line of documentation (``setting``,
+``section`` and ``by_name`` of ``webhook.decision.keys``). Parsing, the
+defaults, the unknown-key message and ``policy show`` (the YAML the
+README's reference is) are all read from those declarations. It never
+reads files: the caller hands it text, so the same code checks a policy
+offline, at start-up and on a live reload.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import Field, dataclass, fields, replace
-from dataclasses import field as dataclass_field
+from dataclasses import dataclass, replace
 from typing import Any, Literal, cast
 
 import yaml
 
+from webhook.decision.keys import (
+    DNS_LABELS,
+    Named,
+    absolute_path,
+    boolean,
+    build,
+    by_name,
+    choice,
+    document,
+    file_name,
+    lines,
+    namespace_list,
+    optional,
+    positive_int,
+    section,
+    setting,
+    string,
+)
 from webhook.errors import PolicyError
 
 MemoryUnit = Literal["GiB", "MiB"]
+Enforcement = Literal["enforce", "warn"]
 ComputeDefault = Literal["none", "proportional"] | int
 MultiGpuMemory = Literal["total", "perDevice"]
 
@@ -30,87 +48,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESOURCE = re.compile(
     r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 )
-_DNS_LABELS = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 LD_SO_PRELOAD = "/etc/ld.so.preload"
-
-Check = Callable[[str, Any], Any]
-
-
-def _string(pattern: re.Pattern[str] | None, hint: str) -> Check:
-    def check(key: str, value: Any) -> str:
-        if not isinstance(value, str) or not value:
-            raise PolicyError(
-                f"policy key {key!r}: expected a non-empty string ({hint}), got {value!r}"
-            )
-        if pattern is not None and not pattern.fullmatch(value):
-            raise PolicyError(f"policy key {key!r}: {value!r} is not valid; expected {hint}")
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:  # a YAML escape such as "\ud800"
-                raise PolicyError(
-                    f"policy key {key!r}: {value!r} holds a lone UTF-16 surrogate, which no "
-                    "file name or Kubernetes object can hold; write the characters themselves"
-                ) from None
-        return value
-
-    return check
-
-
-def _absolute_path(key: str, value: Any) -> str:
-    path = str(_string(None, "an absolute path")(key, value))
-    if not path.startswith("/") or "\x00" in path or ".." in path.split("/"):
-        raise PolicyError(f"policy key {key!r}: {path!r} must be an absolute path without '..'")
-    return path
-
-
-def _optional(check: Check) -> Check:
-    """``check``, or the empty string for "none"."""
-
-    def optional(key: str, value: Any) -> Any:
-        return value if value == "" else check(key, value)
-
-    return optional
-
-
-def _file_name(key: str, value: Any) -> str:
-    name = str(_string(None, "a file name such as libvgpu.so")(key, value))
-    if "/" in name or name in {".", ".."} or any(c in name for c in " :\x00"):
-        raise PolicyError(
-            f"policy key {key!r}: {name!r} must be a bare file name (no '/', ':' or spaces); "
-            "the directory is shim.mountPath"
-        )
-    return name
-
-
-def _positive_int(limit: int | None = None) -> Check:
-    def check(key: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PolicyError(
-                f"policy key {key!r}: expected a positive whole number, got {value!r}"
-            )
-        if limit is not None and value > limit:
-            raise PolicyError(f"policy key {key!r}: {value} is too large (at most {limit})")
-        return value
-
-    return check
-
-
-def _bool(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise PolicyError(f"policy key {key!r}: expected true or false, got {value!r}")
-    return value
-
-
-def _choice(*allowed: str) -> Check:
-    def check(key: str, value: Any) -> str:
-        if value not in allowed:
-            raise PolicyError(
-                f"policy key {key!r}: {value!r} is not allowed; use one of {', '.join(allowed)}"
-            )
-        return cast(str, value)
-
-    return check
 
 
 def _compute_default(key: str, value: Any) -> ComputeDefault:
@@ -124,45 +62,28 @@ def _compute_default(key: str, value: Any) -> ComputeDefault:
     )
 
 
-def _namespaces(key: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise PolicyError(f"policy key {key!r}: expected a list of namespace names, got {value!r}")
-    check = _string(_DNS_LABELS, "a namespace name")
-    return tuple(check(f"{key}[{i}]", item) for i, item in enumerate(value))
-
-
-def setting(key: str, default: Any, check: Check, doc: str) -> Any:
-    """A policy key: its YAML name, default, check and one line for ``policy show``."""
-    return dataclass_field(default=default, metadata={"key": key, "check": check, "doc": doc})
-
-
-def section(key: str, kind: type, doc: str) -> Any:
-    """A mapping of keys, declared by the dataclass ``kind``."""
-    return dataclass_field(default_factory=kind, metadata={"key": key, "section": kind, "doc": doc})
-
-
 @dataclass(frozen=True)
 class Shim:
     """Where the interception library lives on the node and in the container."""
 
     host_path: str = setting(
-        "hostPath", "/usr/local/vgpu", _absolute_path, "directory on the node holding the shim"
+        "hostPath", "/usr/local/vgpu", absolute_path, "directory on the node holding the shim"
     )
     mount_path: str = setting(
-        "mountPath", "/usr/local/vgpu", _absolute_path, "where it is mounted, read-only"
+        "mountPath", "/usr/local/vgpu", absolute_path, "where it is mounted, read-only"
     )
     library: str = setting(
-        "library", "libvgpu.so", _file_name, "preloaded as LD_PRELOAD=<mountPath>/<library>"
+        "library", "libvgpu.so", file_name, "preloaded as LD_PRELOAD=<mountPath>/<library>"
     )
     # A process cannot drop /etc/ld.so.preload by clearing its environment.
     ld_so_preload: bool = setting(
-        "ldSoPreload", False, _bool, "also mount <hostPath>/ld.so.preload at /etc/ld.so.preload"
+        "ldSoPreload", False, boolean, "also mount <hostPath>/ld.so.preload at /etc/ld.so.preload"
     )
     # HAMi-core sets every KEY=VALUE line of this file over the pod's env.
     override_file: str = setting(
         "overrideFile",
         "/overrideEnv",
-        _optional(_absolute_path),
+        optional(absolute_path),
         'file the shim takes variables from; /dev/null hides it ("": none)',
     )
 
@@ -179,13 +100,13 @@ class EnvNames:
     memory_limit: str = setting(
         "memoryLimit",
         "CUDA_DEVICE_MEMORY_LIMIT",
-        _string(_ENV_NAME, "an environment variable name"),
+        string(_ENV_NAME, "an environment variable name"),
         'the container\'s request in MiB: "4096m"',
     )
     sm_limit: str = setting(
         "smLimit",
         "CUDA_DEVICE_SM_LIMIT",
-        _string(_ENV_NAME, "an environment variable name"),
+        string(_ENV_NAME, "an environment variable name"),
         "the compute share, a percentage",
     )
 
@@ -197,7 +118,7 @@ class Compute:
     resource_name: str = setting(
         "resourceName",
         "aliyun.com/gpu-core.percentage",
-        _string(_RESOURCE, "a resource name such as aliyun.com/gpu-core.percentage"),
+        string(_RESOURCE, "a resource name such as aliyun.com/gpu-core.percentage"),
         "a percentage of one GPU's SMs",
     )
     default: ComputeDefault = setting(
@@ -215,22 +136,22 @@ class MultiGpu:
     resource_name: str = setting(
         "resourceName",
         "aliyun.com/gpu-count",
-        _string(_RESOURCE, "a resource name such as aliyun.com/gpu-count"),
+        string(_RESOURCE, "a resource name such as aliyun.com/gpu-count"),
         "how many GPUs a pod spans; also the Node capacity that counts them",
     )
     count_from: Literal["label", "resource"] = setting(
         "countFrom",
         "label",
-        _choice("label", "resource"),
+        choice("label", "resource"),
         "label (the pod's label, as ACK reads it) or resource (each container's)",
     )
     memory: MultiGpuMemory = setting(
         "memory",
         "total",
-        _choice("total", "perDevice"),
+        choice("total", "perDevice"),
         "total (split evenly over the GPUs, as ACK does) or perDevice (as HAMi does)",
     )
-    max_gpus: int = setting("maxGpus", 8, _positive_int(1024), "GPUs of the largest node")
+    max_gpus: int = setting("maxGpus", 8, positive_int(1024), "GPUs of the largest node")
 
 
 @dataclass(frozen=True)
@@ -238,10 +159,22 @@ class Security:
     """What a GPU-memory pod may not do, because it would reach past the shim."""
 
     reject_privileged: bool = setting(
-        "rejectPrivileged", True, _bool, "reject privileged, hostPID, CAP_SYS_ADMIN"
+        "rejectPrivileged", True, boolean, "reject privileged, hostPID, CAP_SYS_ADMIN"
     )
     reject_visible_devices: bool = setting(
-        "rejectVisibleDevices", True, _bool, "reject NVIDIA_VISIBLE_DEVICES set by the user"
+        "rejectVisibleDevices", True, boolean, "reject NVIDIA_VISIBLE_DEVICES set by the user"
+    )
+
+
+_ENFORCEMENT_DOC = "enforce (refuse) or warn (admit, with a warning per refusal)"
+
+
+@dataclass(frozen=True)
+class NamespacePolicy:
+    """What the policy's author sets for one namespace (not its labels: its users own those)."""
+
+    enforcement: Enforcement = setting(
+        "enforcement", "enforce", choice("enforce", "warn"), _ENFORCEMENT_DOC
     )
 
 
@@ -252,22 +185,22 @@ class Policy:
     scheduler_name: str = setting(
         "schedulerName",
         "gpushare-scheduler",
-        _string(_DNS_LABELS, "a scheduler name such as gpushare-scheduler"),
+        string(DNS_LABELS, "a scheduler name such as gpushare-scheduler"),
         "set on every GPU-memory pod",
     )
     resource_name: str = setting(
         "resourceName",
         "aliyun.com/gpu-mem",
-        _string(_RESOURCE, "a resource name such as aliyun.com/gpu-mem"),
+        string(_RESOURCE, "a resource name such as aliyun.com/gpu-mem"),
         "the resource that makes a pod a GPU-memory pod",
     )
     memory_unit: MemoryUnit = setting(
-        "memoryUnit", "GiB", _choice("GiB", "MiB"), "GiB or MiB: one unit of resourceName"
+        "memoryUnit", "GiB", choice("GiB", "MiB"), "GiB or MiB: one unit of resourceName"
     )
     gpu_memory: int = setting(
         "gpuMemory",
         16,
-        _positive_int(2**40),
+        positive_int(2**40),
         "largest GPU, in memoryUnit, if nodes are unknown (16384 with MiB)",
     )
     shim: Shim = section("shim", Shim, "the interception library")
@@ -276,58 +209,33 @@ class Policy:
     multi_gpu: MultiGpu = section("multiGpu", MultiGpu, "pods spanning several GPUs")
     security: Security = section("security", Security, "what a GPU-memory pod may not do")
     exclude_namespaces: tuple[str, ...] = setting(
-        "excludeNamespaces", ("kube-system",), _namespaces, "pods here are never touched"
+        "excludeNamespaces", ("kube-system",), namespace_list, "pods here are never touched"
+    )
+    enforcement: Enforcement = setting(
+        "enforcement", "enforce", choice("enforce", "warn"), _ENFORCEMENT_DOC
+    )
+    namespaces: Named[NamespacePolicy] = by_name(
+        "namespaces",
+        NamespacePolicy,
+        "per namespace: NAME: {enforcement: warn}; set only here, never by labels",
+        name=string(DNS_LABELS, "a namespace name"),
     )
 
     @property
     def mib_per_unit(self) -> int:
         return 1024 if self.memory_unit == "GiB" else 1
 
+    def enforcement_for(self, namespace: str) -> Enforcement:
+        """Whether a pod in ``namespace`` that breaks a rule is refused or admitted, warned."""
+        override = self.namespaces.get(namespace) if namespace else None
+        return override.enforcement if override is not None else self.enforcement
+
     def to_document(self) -> dict[str, Any]:
         """The policy as the YAML document an operator writes (camelCase keys)."""
-        return _document(self)
+        return document(self)
 
 
 DEFAULT_POLICY = Policy()
-
-
-def _keys(kind: type) -> dict[str, Field[Any]]:
-    return {spec.metadata["key"]: spec for spec in fields(kind)}
-
-
-def _build(kind: type, document: Mapping[Any, Any], prefix: str) -> Any:
-    specs = _keys(kind)
-    values: dict[str, Any] = {}
-    for key, value in document.items():
-        dotted = f"{prefix}{key}"
-        spec = specs.get(key)
-        if spec is None:
-            raise PolicyError(
-                f"policy key {dotted!r} is not known; allowed keys here: {', '.join(specs)}"
-            )
-        inner = spec.metadata.get("section")
-        if inner is None:
-            values[spec.name] = spec.metadata["check"](dotted, value)
-        elif isinstance(value, dict):
-            values[spec.name] = _build(inner, value, f"{dotted}.")
-        else:
-            raise PolicyError(
-                f"policy key {dotted!r}: expected a mapping with keys "
-                f"{', '.join(_keys(inner))}, got {value!r}"
-            )
-    return kind(**values)
-
-
-def _document(settings: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for spec in fields(settings):
-        value = getattr(settings, spec.name)
-        if "section" in spec.metadata:
-            value = _document(value)
-        elif isinstance(value, tuple):
-            value = list(value)
-        out[spec.metadata["key"]] = value
-    return out
 
 
 def parse_policy(document: object) -> Policy:
@@ -338,7 +246,7 @@ def parse_policy(document: object) -> Policy:
         raise PolicyError(
             f"the policy must be a YAML mapping of keys, got {type(document).__name__}"
         )
-    policy = cast(Policy, _build(Policy, document, ""))
+    policy = cast(Policy, build(Policy, document, ""))
     if policy.memory_unit == "MiB" and "gpuMemory" not in document:
         # NB: the default is 16 GiB in either unit; read as MiB it would be 16 MiB.
         policy = replace(policy, gpu_memory=DEFAULT_POLICY.gpu_memory * 1024)
@@ -396,20 +304,7 @@ _COMMENT_COLUMN = 36
 
 def dump_policy(policy: Policy) -> str:
     """The effective policy as YAML, every key present, each with its line of documentation."""
-    lines = []
-    for text, doc in _lines(policy, ""):
-        lines.append(f"{text.ljust(_COMMENT_COLUMN - 2)}  # {doc}" if doc else text)
-    return "\n".join(lines) + "\n"
-
-
-def _lines(settings: Any, indent: str) -> Iterator[tuple[str, str]]:
-    for spec in fields(settings):
-        key, doc = spec.metadata["key"], spec.metadata["doc"]
-        value = getattr(settings, spec.name)
-        if "section" in spec.metadata:
-            yield f"{indent}{key}:", doc
-            yield from _lines(value, indent + "  ")
-        else:
-            plain = list(value) if isinstance(value, tuple) else value
-            text = yaml.safe_dump(plain, default_flow_style=True, width=1 << 20)
-            yield f"{indent}{key}: {text.removesuffix(chr(10)).removesuffix(chr(10) + '...')}", doc
+    shown = []
+    for text, doc in lines(policy):
+        shown.append(f"{text.ljust(_COMMENT_COLUMN - 2)}  # {doc}" if doc else text)
+    return "\n".join(shown) + "\n"

@@ -14,10 +14,13 @@ from webhook.decision import patch
 from webhook.decision.patch import Op, compact_json
 from webhook.decision.reviews import Response, Review
 
-# The apiserver truncates long warnings and stops at a total of 4 KiB;
-# staying under it keeps every warning whole.
-MAX_WARNING = 256
-MAX_WARNINGS = 8
+# The API server keeps warnings whole while they add up to 4 KiB, and past
+# that cuts every one to 256 characters (apiserver/pkg/endpoints/filters/
+# warning.go); other admission plugins may add theirs to the same request,
+# so ours stay within 3 KiB in all. It drops a warning with a control
+# character in it.
+MAX_WARNINGS = 10
+MAX_WARNINGS_TEXT = 3072
 
 
 def review(api_version: str, response: Response) -> Review:
@@ -75,12 +78,28 @@ def errored(uid: str, message: str) -> Response:
 
 def _decorate(response: Response, warnings: Sequence[str], audit: Mapping[str, str] | None) -> None:
     if warnings:
-        response["warnings"] = [
-            w if len(w) <= MAX_WARNING else w[: MAX_WARNING - 3] + "..."
-            for w in warnings[:MAX_WARNINGS]
-        ]
+        response["warnings"] = _kept_whole(warnings)
     if audit:
         response["auditAnnotations"] = dict(audit)
+
+
+def _kept_whole(warnings: Sequence[str]) -> list[str]:
+    """The warnings, printable, cut only where they pass the room the API server leaves whole."""
+    kept: list[str] = []
+    room = MAX_WARNINGS_TEXT
+    for warning in warnings[:MAX_WARNINGS]:
+        text = warning if warning.isprintable() else _printable(warning)
+        if len(text) > room:
+            text = text[: max(room - 3, 0)] + "..."
+        kept.append(text)
+        room -= len(text)
+        if room <= 3:
+            break
+    return kept
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def encode(review: Review) -> bytes:

@@ -95,7 +95,7 @@ class Metrics:
         self.reviews = Counter(
             "gpushare_admission_reviews",
             "AdmissionReviews answered, by outcome (mutated, unchanged, untouched, rejected, "
-            "error, bad-request) and reason",
+            "warned, error, bad-request) and reason",
             ["outcome", "reason"],
             registry=None,
         )
@@ -151,7 +151,8 @@ class Metrics:
             reason = "internal"
         else:
             reason = result.decision.reason if result.decision else "untouched"
-        admitted = outcome in ("mutated", "unchanged") and not result.dry_run
+        # A warned pod is admitted too; it counts as a GPU pod if any of it asks GPU memory.
+        admitted = outcome in ("mutated", "unchanged", "warned") and not result.dry_run
         memory = reserved(result) * bytes_per_unit(policy) if admitted else 0
         if self._flusher_pid != os.getpid():
             self._start_flushing()
@@ -163,7 +164,7 @@ class Metrics:
             tally.seconds += seconds
             if fallback and outcome not in ("untouched", "bad-request"):
                 tally.fallback += 1  # only GPU pods are bounded by the GPU size
-            if admitted:
+            if memory:
                 namespace = result.namespace
                 tally.pods[namespace] = tally.pods.get(namespace, 0) + 1
                 tally.memory[namespace] = tally.memory.get(namespace, 0) + memory
