@@ -29,7 +29,11 @@ from webhook.decision.admission import admit
 from webhook.decision.policy import DEFAULT_POLICY, parse_policy_text
 
 ROOT = Path(__file__).parent.parent
-OVERLAYS = {"default": ROOT / "manifests", "cert-manager": ROOT / "manifests/overlays/cert-manager"}
+OVERLAYS = {
+    "default": ROOT / "manifests",
+    "cert-manager": ROOT / "manifests/overlays/cert-manager",
+    "report": ROOT / "manifests/overlays/report",
+}
 K8S_VERSION = "1.37.0"
 
 
@@ -357,6 +361,25 @@ def test_rbac_is_least_privilege() -> None:
                     assert rule.get("resourceNames"), rule
                 if set(rule["verbs"]) & {"list", "watch"}:
                     assert rule["resources"] == ["nodes"], rule  # nothing secret is listed
+
+
+def test_the_report_reads_and_never_writes() -> None:
+    """The report's RBAC: list what it judges, get the policy's ConfigMap; no Secret, no write."""
+    docs = render("report")
+    assert granted(docs, "gpushare-webhook-report") == {
+        ("", "pods", "list"),
+        ("", "nodes", "list"),
+        ("", "configmaps", "get"),
+        *(("apps", kind, "list") for kind in ("deployments", "statefulsets", "daemonsets")),
+        ("apps", "replicasets", "list"),
+        ("batch", "jobs", "list"),
+        ("batch", "cronjobs", "list"),
+    }
+    role = find("report", "Role", "gpushare-webhook-report-policy")
+    assert role["rules"][0]["resourceNames"] == ["gpushare-webhook-policy"]
+    cronjob = find("report", "CronJob", "gpushare-webhook-report")
+    container = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    build_parser().parse_args(container["command"][1:] + container["args"])
 
 
 def dockerfile() -> str:

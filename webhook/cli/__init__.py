@@ -1,4 +1,4 @@
-"""The ``gpushare-webhook`` command: serve, mutate, certs, policy.
+"""The ``gpushare-webhook`` command: serve, mutate, report, certs, policy.
 
 Owns argument parsing (``args``), reading files and standard input, exit
 codes and what is printed. Each sub-command (``serve``, ``offline``,
@@ -17,25 +17,33 @@ from collections.abc import Sequence
 from webhook.cli.args import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, build_parser
 from webhook.cli.certs import cmd_certs
 from webhook.cli.offline import cmd_mutate, cmd_policy
+from webhook.cli.report import cmd_report
 from webhook.cli.serve import cmd_serve
 from webhook.errors import WebhookError
 
-__all__ = ["build_parser", "cmd_mutate", "main"]
+__all__ = ["build_parser", "cmd_mutate", "kubectl_plugin", "main"]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def kubectl_plugin() -> int:
+    """``kubectl gpushare ...``: kubectl runs ``kubectl-gpushare`` from the PATH (its plugins)."""
+    return main(prog="kubectl gpushare")
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "gpushare-webhook") -> int:
+    args = build_parser(prog).parse_args(argv)
     try:
         if args.command == "serve":
             return cmd_serve(args)
         if args.command == "mutate":
             return cmd_mutate(args, sys.stdin, sys.stdout, sys.stderr)
+        if args.command == "report":
+            return cmd_report(args, sys.stdin, sys.stdout, sys.stderr)
         if args.command == "certs":
             return cmd_certs(args)
         if args.command == "policy":
             return cmd_policy(args)
     except WebhookError as error:  # each names its file, key or field: one line is enough
-        print(f"gpushare-webhook: {error}", file=sys.stderr)
+        print(f"{prog}: {error}", file=sys.stderr)
         return EXIT_INPUT
     except BrokenPipeError:  # the reader (head, less) went away: not an error of ours
         sys.stderr.close()

@@ -87,9 +87,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="gpushare-webhook",
+        prog=prog,
         description="Kubernetes admission webhook that makes GPU sharing safe.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -185,6 +185,42 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NS",
         help="where documents that name no namespace will be created (as kubectl apply -n)",
     )
+
+    report = sub.add_parser(
+        "report",
+        help="find the GPU pods and workloads that are not confined, or would be refused",
+    )
+    report.add_argument(
+        "--from",
+        dest="source",
+        metavar="FILE",
+        help="read a file saved with kubectl get pods,deployments,statefulsets,daemonsets,"
+        "jobs,cronjobs,replicasets[,nodes] -A -o json (- for standard input), not the cluster",
+    )
+    report.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="judge by this policy (default: the cluster's, from --policy-configmap; with "
+        "--from, the built-in defaults)",
+    )
+    report.add_argument(
+        "--policy-configmap",
+        default="gpushare-system/gpushare-webhook-policy",
+        metavar="NS/NAME",
+        help="where the cluster's policy is (default: %(default)s)",
+    )
+    report.add_argument(
+        "--output", "-o", choices=("table", "json"), default="table", help="default: %(default)s"
+    )
+    report.add_argument(
+        "--namespace",
+        "-n",
+        default="",
+        metavar="NS",
+        help="only the pods and workloads of this namespace (default: all)",
+    )
+    report.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
+    report.add_argument("--context", help="kubeconfig context")
 
     certs = sub.add_parser("certs", help="make and install certificates")
     certs_sub = certs.add_subparsers(dest="certs_command", required=True, metavar="ACTION")

@@ -21,7 +21,10 @@ def _policy(path: str | None) -> Policy:
     return DEFAULT_POLICY if path is None else read_policy(Path(path))
 
 
-def _read_documents(path: str, stdin: TextIO, stderr: TextIO) -> list[Any]:
+def read_documents(
+    path: str, stdin: TextIO, stderr: TextIO, *, what: str = "documents"
+) -> list[Any]:
+    """The YAML or JSON documents of ``path`` (``-``: standard input), a v1 List as its items."""
     name = "standard input" if path == "-" else path
     if path == "-" and stdin.isatty():
         # Not a hang: say what is awaited (kubectl apply -f - says nothing, and looks stuck).
@@ -35,7 +38,7 @@ def _read_documents(path: str, stdin: TextIO, stderr: TextIO) -> list[Any]:
     except yaml.YAMLError as error:
         raise InputError(f"{name} is not valid YAML or JSON: {_yaml_problem(error)}") from None
     if not documents:
-        raise InputError(f"{name} holds no documents")
+        raise InputError(f"{name} holds no {what}")
     expanded: list[Any] = []
     for doc in documents:
         # A v1 List (what kubectl get -o yaml prints) is its items.
@@ -64,7 +67,7 @@ def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: 
     from webhook.preview import preview
 
     policy = _policy(args.policy)
-    documents = _read_documents(args.file, stdin, stderr)
+    documents = read_documents(args.file, stdin, stderr)
     results = [
         preview(doc, policy, index=i, namespace=args.namespace)
         for i, doc in enumerate(documents, start=1)

@@ -75,15 +75,22 @@ def get_json(
     return response
 
 
-def call(what: str, verb: str, resource: str, fn: Callable[[], T]) -> T:
-    """Run one API call; explain RBAC denials and unreachable servers."""
+def call(
+    what: str,
+    verb: str,
+    resource: str,
+    fn: Callable[[], T],
+    *,
+    rbac: str = "the Role in manifests/base/rbac.yaml",
+) -> T:
+    """Run one API call; explain RBAC denials (``rbac`` says where the grant is) and the rest."""
     try:
         return fn()
     except ApiException as error:
         if error.status == 403:
             raise KubeError(
                 f"forbidden to {verb} {what}: grant the service account '{verb}' on {resource} "
-                "(see the Role in manifests/base/rbac.yaml)"
+                f"(see {rbac})"
             ) from None
         if error.status == 401:
             raise KubeError(

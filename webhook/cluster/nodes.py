@@ -25,21 +25,10 @@ from kubernetes.client.exceptions import ApiException
 
 from webhook.cluster import kube
 from webhook.decision.capacity import NodeFacts
-from webhook.decision.nodes import NodeStatus, NodeView, capacity_kept, view_of
+from webhook.decision.nodes import NodeStatus, NodeView, facts_of, view_of
 from webhook.decision.policy import Policy
 
 log = logging.getLogger("gpushare_webhook.nodes")
-
-
-def _facts(node: dict[str, Any]) -> NodeFacts:
-    """A Node object (JSON, as the API sends it) as the facts the decision reads."""
-    meta = node.get("metadata") or {}
-    capacity = (node.get("status") or {}).get("capacity") or {}
-    return NodeFacts(
-        name=str(meta.get("name") or ""),
-        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
-        capacity={str(k): str(v) for k, v in capacity.items() if capacity_kept(str(k))},
-    )
 
 
 class _Gone(Exception):
@@ -193,7 +182,7 @@ class NodeWatcher:
         return str(kind), obj
 
     def _apply(self, kind: str, node: dict[str, Any]) -> None:
-        facts = _facts(node)
+        facts = facts_of(node)
         with self._lock:
             if kind == "DELETED":
                 self._facts.pop(facts.name, None)
@@ -214,7 +203,7 @@ class NodeWatcher:
                     page = json.loads(listed.read())
                     self.lists += 1
                     items = page.get("items") or []
-                    self._replace({f.name: f for f in map(_facts, items)})
+                    self._replace({f.name: f for f in map(facts_of, items)})
                     version = page["metadata"]["resourceVersion"]
                     self._set(tried=True, synced=True, connected=True, problem="", nodes=len(items))
                 self.watches += 1

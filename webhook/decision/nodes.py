@@ -121,6 +121,17 @@ def capacity_kept(name: str) -> bool:
     return "/" in name
 
 
+def facts_of(node: Mapping[str, Any]) -> NodeFacts:
+    """A Node object, as the API sends it (JSON), as the facts the decision reads."""
+    meta = node.get("metadata") or {}
+    capacity = (node.get("status") or {}).get("capacity") or {}
+    return NodeFacts(
+        name=str(meta.get("name") or ""),
+        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+        capacity={str(k): str(v) for k, v in capacity.items() if capacity_kept(str(k))},
+    )
+
+
 def encode_snapshot(status: NodeStatus, facts: Iterable[NodeFacts]) -> bytes:
     """The snapshot one node watch writes for every worker: status and facts, as JSON."""
     document = {

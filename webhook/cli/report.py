@@ -1,0 +1,73 @@
+"""``gpushare-webhook report``: which GPU pods and workloads are confined, and which slipped past.
+
+Reads the cluster (in-cluster credentials, else the kubeconfig), or a file
+saved with ``kubectl get pods,deployments,... -A -o json``; judges it by
+the policy in force (the webhook's ConfigMap, unless ``--policy`` names a
+file) with ``webhook.report``; prints a table or JSON. Exit 0 when all is
+confined, 1 when something drifted or would be refused, 2 on an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, TextIO
+
+from webhook.cli.args import EXIT_OK, EXIT_REJECTED
+from webhook.cli.offline import read_documents
+from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
+from webhook.errors import InputError
+from webhook.report.findings import build_report
+from webhook.report.objects import sort_objects
+from webhook.report.render import as_json, as_table
+from webhook.serving.runtime import read_policy
+
+
+def cmd_report(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
+    notes: list[str] = []
+    if args.source:
+        items = read_documents(args.source, stdin, stderr, what="objects")
+        source = "standard input" if args.source == "-" else args.source
+        if args.namespace:
+            items = [i for i in items if _namespace(i) in (args.namespace, None)]
+        policy = read_policy(Path(args.policy)) if args.policy else DEFAULT_POLICY
+    else:
+        items, policy, notes = _from_cluster(args)
+        source = "the cluster"
+    report = build_report(sort_objects(items, source), policy)
+    if notes:
+        report = dataclasses.replace(report, notes=(*notes, *report.notes))
+    if args.output == "json":
+        json.dump(as_json(report), stdout, indent=2)
+        stdout.write("\n")
+    else:
+        stdout.write(as_table(report))
+    return EXIT_OK if report.clean else EXIT_REJECTED
+
+
+def _namespace(item: Any) -> str | None:
+    meta = item.get("metadata") if isinstance(item, dict) else None
+    namespace = meta.get("namespace") if isinstance(meta, dict) else None
+    return namespace if isinstance(namespace, str) else None
+
+
+def _from_cluster(args: argparse.Namespace) -> tuple[list[Any], Policy, list[str]]:
+    from webhook.cluster import inventory, kube
+
+    api = kube.api_client(args.kubeconfig, args.context)
+    items, notes = inventory.read_objects(api, namespace=args.namespace)
+    if args.policy:
+        return items, read_policy(Path(args.policy)), notes
+    namespace, _, name = args.policy_configmap.partition("/")
+    if not name:
+        raise InputError(f"--policy-configmap {args.policy_configmap!r}: expected NAMESPACE/NAME")
+    text = inventory.read_policy_text(api, namespace, name)
+    if text is None:
+        notes.append(
+            f"the policy ConfigMap {args.policy_configmap} could not be read: judged by the "
+            "built-in defaults (give --policy FILE to judge by another)"
+        )
+        return items, DEFAULT_POLICY, notes
+    return items, parse_policy_text(text, source=f"ConfigMap {args.policy_configmap}"), notes

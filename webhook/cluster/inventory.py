@@ -1,0 +1,90 @@
+"""Reading what ``gpushare-webhook report`` judges from the cluster: read-only lists.
+
+Owns listing pods, nodes and the workload kinds (all namespaces, or one),
+page by page, as the plain JSON the API sends (the items of a list carry no
+kind, so each is given its list's), and reading the policy's ConfigMap.
+It needs ``list`` on those kinds and ``get`` on that ConfigMap, nothing more
+(manifests/components/report holds that RBAC). A denied list names the
+permission; Nodes that may not be read leave the per-node part out, with a
+note, rather than failing the report.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from webhook.cluster import kube
+from webhook.errors import KubeError
+
+# (group/version, kind, resource) of what a report reads.
+KINDS = (
+    ("v1", "Pod", "pods"),
+    ("apps/v1", "Deployment", "deployments"),
+    ("apps/v1", "StatefulSet", "statefulsets"),
+    ("apps/v1", "DaemonSet", "daemonsets"),
+    ("apps/v1", "ReplicaSet", "replicasets"),
+    ("batch/v1", "Job", "jobs"),
+    ("batch/v1", "CronJob", "cronjobs"),
+)
+RBAC = "the ClusterRole in manifests/components/report"
+PAGE = 500  # items per list call: a large cluster is read in pages, not in one answer
+TIMEOUT = 60.0
+
+
+def _path(api_version: str, resource: str, namespace: str = "") -> str:
+    root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{root}/namespaces/{namespace}/{resource}" if namespace else f"{root}/{resource}"
+
+
+def _list(api: client.ApiClient, api_version: str, kind: str, path: str) -> list[Any]:
+    items: list[Any] = []
+    cursor = ""
+    while True:
+        query = {"limit": str(PAGE), "continue": cursor}
+        page = json.loads(kube.get_json(api, path, query, timeout=TIMEOUT).read())
+        for item in page.get("items") or ():
+            items.append({"apiVersion": api_version, "kind": kind, **item})
+        cursor = (page.get("metadata") or {}).get("continue") or ""
+        if not cursor:
+            return items
+
+
+def read_objects(api: client.ApiClient, *, namespace: str = "") -> tuple[list[Any], list[str]]:
+    """Every pod, workload and node (of ``namespace``, or all); notes on what could not be read."""
+    objects: list[Any] = []
+    where = f"in namespace {namespace}" if namespace else "in all namespaces"
+    for kind in KINDS:
+        objects += _read(api, kind, namespace, f"{kind[2]} {where}")
+    try:
+        objects += _read(api, ("v1", "Node", "nodes"), "", "nodes")
+    except KubeError as error:
+        if not str(error).startswith("forbidden"):
+            raise
+        note = "nodes could not be read (forbidden to list nodes): no per-node part, and GPU "
+        return objects, [note + "sizes come from the policy's gpuMemory"]
+    return objects, []
+
+
+def _read(
+    api: client.ApiClient, kind: tuple[str, str, str], namespace: str, what: str
+) -> list[Any]:
+    api_version, name, resource = kind
+    path = _path(api_version, resource, namespace)
+    return kube.call(what, "list", resource, lambda: _list(api, api_version, name, path), rbac=RBAC)
+
+
+def read_policy_text(api: client.ApiClient, namespace: str, name: str) -> str | None:
+    """The ``policy.yaml`` of ConfigMap ``namespace/name``; None when there is none to read."""
+    path = f"/api/v1/namespaces/{namespace}/configmaps/{name}"
+    try:
+        found = json.loads(kube.get_json(api, path, {}, timeout=TIMEOUT).read())
+    except ApiException as error:
+        if error.status in (403, 404):
+            return None
+        raise KubeError(f"cannot read ConfigMap {namespace}/{name}: HTTP {error.status}") from None
+    text = (found.get("data") or {}).get("policy.yaml")
+    return text if isinstance(text, str) else None

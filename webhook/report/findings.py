@@ -1,0 +1,264 @@
+"""Judging what a cluster holds against the policy in force: pods, workloads, nodes.
+
+Owns the rules of ``gpushare-webhook report``. A GPU pod is judged by the
+webhook's own decision, run on the pod as the cluster stores it:
+
+- *confined*: admission would change nothing, so it carries the scheduler,
+  the shim and exactly the limits the policy gives;
+- *drifted*: admission would still set it up, so it runs without the shim
+  or limits, or with limits other than the policy's; what differs is named,
+  with the likely cause;
+- *would be refused*: it breaks a rule the policy enforces in its namespace;
+- *warned*: it breaks a rule, in a namespace the policy only warns in;
+- *excluded*: it is in a namespace the policy leaves alone.
+
+A workload is judged by its pod templates, as the offline preview judges
+them: its pods are set up when they are made (*ok*), or they would be
+refused or warned. Each GPU node gets the GPU memory its pods ask and what
+is left, as ``kubectl inspect gpushare`` shows it, and the pods that hold
+GPU memory there without a limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jsonpatch
+
+from webhook.decision.asks import ContainerAsk
+from webhook.decision.capacity import GpuNode, gpu_node
+from webhook.decision.fields import container_label
+from webhook.decision.layout import STATUS_ANNOTATION
+from webhook.decision.nodes import NodeView, facts_of
+from webhook.decision.plan import Decision, is_gpu_pod, plan
+from webhook.decision.policy import Policy
+from webhook.preview import preview
+from webhook.report.objects import Objects
+
+PodStatus = Literal["confined", "drifted", "would-be-refused", "warned", "excluded"]
+WorkloadStatus = Literal["ok", "would-be-refused", "warned", "excluded"]
+NOT_CALLED = (
+    "admitted without the webhook: it was not installed yet, not called for this pod (a "
+    "namespace opted out, match conditions), or not answering under failurePolicy: Ignore"
+)
+OTHER_POLICY = "set up under another policy than the one in force (it changed since)"
+# What a pod the webhook set up breaks only when the policy moved the shim since.
+OURS_MOVED = frozenset({"reserved-volume", "shim-mount"})
+
+
+@dataclass(frozen=True)
+class PodFinding:
+    namespace: str
+    name: str
+    node: str  # "" while not placed
+    status: PodStatus
+    gpu_memory: int  # what it holds, in the policy's unit, over all of its GPUs
+    unlimited: bool  # a container asks GPU memory and has no limit for it
+    findings: tuple[str, ...] = ()
+    cause: str = ""
+
+
+@dataclass(frozen=True)
+class WorkloadFinding:
+    kind: str
+    namespace: str
+    name: str
+    status: WorkloadStatus
+    findings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    name: str
+    gpus: int
+    memory_per_gpu: int
+    asked: int  # by the pods placed there, in the policy's unit
+    pods: int
+    unlimited: tuple[str, ...]  # namespace/name of pods holding GPU memory without a limit
+
+    @property
+    def total(self) -> int:
+        return self.gpus * self.memory_per_gpu
+
+    @property
+    def free(self) -> int:
+        return self.total - self.asked
+
+
+@dataclass(frozen=True)
+class Report:
+    unit: str
+    pods: tuple[PodFinding, ...]
+    workloads: tuple[WorkloadFinding, ...]
+    nodes: tuple[NodeUsage, ...]
+    notes: tuple[str, ...] = ()
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        """Nothing drifted, nothing a policy in force would refuse (warned included)."""
+        statuses = {p.status for p in self.pods} | {w.status for w in self.workloads}
+        return not statuses & {"drifted", "would-be-refused", "warned"}
+
+
+def build_report(objects: Objects, policy: Policy) -> Report:
+    facts = [facts_of(node) for node in objects.nodes]
+    gpus = [found for found in (gpu_node(f, policy) for f in facts) if found is not None]
+    view = NodeView(gpus) if gpus else NodeView()
+    pods = [p for pod in objects.pods if (p := judge_pod(pod, policy, view))]
+    workloads = [w for item in objects.workloads if (w := judge_workload(item, policy))]
+    notes = []
+    if objects.finished:
+        notes.append(f"{objects.finished} finished pods left out: they hold no GPU")
+    if not objects.nodes:
+        notes.append("no Node in the input: GPU sizes come from the policy's gpuMemory")
+    counts: dict[str, int] = {}
+    for status in [p.status for p in pods]:
+        counts[status] = counts.get(status, 0) + 1
+    return Report(
+        unit=policy.memory_unit,
+        pods=tuple(sorted(pods, key=lambda p: (p.namespace, p.name))),
+        workloads=tuple(sorted(workloads, key=lambda w: (w.namespace, w.kind, w.name))),
+        nodes=tuple(_usage(node, pods) for node in sorted(gpus, key=lambda n: n.name)),
+        notes=tuple(notes),
+        counts=counts,
+    )
+
+
+def judge_pod(pod: Mapping[str, Any], policy: Policy, view: NodeView) -> PodFinding | None:
+    """The finding for one stored pod; None for a pod that is no GPU pod and breaks no rule."""
+    meta = pod["metadata"]
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    raw = pod.get("spec")
+    spec: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
+    node = str(spec.get("nodeName") or "")
+    gpu_pod = is_gpu_pod(pod, policy)
+    if namespace in policy.exclude_namespaces:
+        return PodFinding(namespace, name, node, "excluded", 0, False) if gpu_pod else None
+    # NB: the scheduler's binding sets nodeName on every placed pod; as created,
+    # it had none (a pod created with one is judged as if it had not).
+    created = {**pod, "spec": {k: v for k, v in spec.items() if k != "nodeName"}}
+    decision = plan(created, policy, namespace=namespace, limits=view.limits(spec, policy))
+    if decision.outcome == "untouched":
+        return None
+    memory, unlimited = _held(spec, decision.asks, policy)
+    messages = tuple(problem.message for problem in decision.problems)
+    annotations = meta.get("annotations") or {}
+    if messages and STATUS_ANNOTATION in annotations and set(decision.reasons) <= OURS_MOVED:
+        # NB: the webhook set it up, and a shim layout changed since: its own
+        # volume or mounts, where the policy no longer puts them, are what clash.
+        return PodFinding(
+            namespace, name, node, "drifted", memory, unlimited, messages, OTHER_POLICY
+        )
+    if decision.outcome in ("rejected", "warned"):
+        status: PodStatus = "would-be-refused" if decision.outcome == "rejected" else "warned"
+        return PodFinding(namespace, name, node, status, memory, unlimited, messages)
+    if decision.outcome == "unchanged":
+        return PodFinding(namespace, name, node, "confined", memory, unlimited)
+    cause = OTHER_POLICY if STATUS_ANNOTATION in annotations else NOT_CALLED
+    found = _differences(created, decision, policy)
+    return PodFinding(namespace, name, node, "drifted", memory, unlimited, found, cause)
+
+
+def _held(
+    spec: Mapping[str, Any], asks: Iterable[ContainerAsk], policy: Policy
+) -> tuple[int, bool]:
+    """GPU memory the pod holds (all of its GPUs), and whether a container has no limit."""
+    app = init = 0
+    unlimited = False
+    for ask in asks:
+        held = ask.memory * ask.gpus
+        if ask.kind == "containers":
+            app += held
+        else:
+            init = max(init, held)
+        container = spec[ask.kind][ask.position]
+        if policy.env.memory_limit not in _env(container):
+            unlimited = True
+    return max(app, init), unlimited
+
+
+def _env(container: Mapping[str, Any]) -> dict[str, str]:
+    """The container's variables as the kubelet sets them: the last entry of a name wins."""
+    env = container.get("env")
+    found: dict[str, str] = {}
+    for entry in env if isinstance(env, list) else ():
+        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+            value = entry.get("value")
+            found[entry["name"]] = "(valueFrom)" if "valueFrom" in entry else str(value or "")
+    return found
+
+
+def _differences(pod: Mapping[str, Any], decision: Decision, policy: Policy) -> tuple[str, ...]:
+    """What the stored pod lacks, or has otherwise, against what admission would make of it."""
+    expected = jsonpatch.apply_patch(pod, list(decision.patch))
+    spec, want = pod["spec"], expected["spec"]
+    found = []
+    if spec.get("schedulerName") != want.get("schedulerName"):
+        placed = spec.get("schedulerName") or "default-scheduler"
+        found.append(f"placed by {placed}, not {want.get('schedulerName')}")
+    volumes = {v.get("name") for v in spec.get("volumes") or () if isinstance(v, Mapping)}
+    missing = [v["name"] for v in want.get("volumes") or () if v.get("name") not in volumes]
+    if missing:
+        found.append(f"no {', '.join(missing)} volume" + ("s" if len(missing) > 1 else ""))
+    for ask in decision.asks:
+        label = container_label(ask.kind, ask.name)
+        have = _env(spec[ask.kind][ask.position])
+        should = _env(want[ask.kind][ask.position])
+        absent = [name for name in should if name not in have]
+        if absent:
+            found.append(f"{label}: no {', '.join(absent)}")
+        for name, value in should.items():
+            if name in have and have[name] != value:
+                found.append(f"{label}: {name} is {have[name]!r}, the policy gives {value!r}")
+        for name in have.keys() - should.keys():
+            if name.startswith((policy.env.memory_limit, policy.env.sm_limit)):
+                found.append(f"{label}: {name} would override the limit")
+        mounts = {
+            m.get("mountPath") for m in spec[ask.kind][ask.position].get("volumeMounts") or ()
+        }
+        for mount in want[ask.kind][ask.position].get("volumeMounts") or ():
+            if mount.get("mountPath") not in mounts:
+                found.append(f"{label}: nothing mounted at {mount['mountPath']}")
+    return tuple(found) or ("no status annotation",)
+
+
+def judge_workload(item: Mapping[str, Any], policy: Policy) -> WorkloadFinding | None:
+    """A workload's templates judged as its pods will be; None when none asks for a GPU."""
+    meta = item["metadata"]
+    namespace, name, kind = str(meta["namespace"]), str(meta["name"]), str(item["kind"])
+    excluded = namespace in policy.exclude_namespaces
+    # Judged as if not excluded, to tell a GPU workload in an excluded namespace from others.
+    judging = dataclasses.replace(policy, exclude_namespaces=()) if excluded else policy
+    result = preview(item, judging, namespace=namespace)
+    judged = [(where, d) for where, d in result.decisions if d.outcome != "untouched"]
+    if not judged:
+        return None
+    if excluded:
+        return WorkloadFinding(kind, namespace, name, "excluded")
+    several = len(result.decisions) > 1
+    messages = tuple(
+        f"{where}: {p.message}" if several else p.message
+        for where, decision in judged
+        for p in decision.problems
+    )
+    if any(not decision.allowed for _, decision in judged):
+        return WorkloadFinding(kind, namespace, name, "would-be-refused", messages)
+    if any(decision.outcome == "warned" for _, decision in judged):
+        return WorkloadFinding(kind, namespace, name, "warned", messages)
+    return WorkloadFinding(kind, namespace, name, "ok")
+
+
+def _usage(node: GpuNode, pods: list[PodFinding]) -> NodeUsage:
+    here = [p for p in pods if p.node == node.name]
+    return NodeUsage(
+        name=node.name,
+        gpus=node.gpu_count,
+        memory_per_gpu=node.gpu_memory,
+        asked=sum(p.gpu_memory for p in here),
+        pods=sum(1 for p in here if p.gpu_memory),
+        unlimited=tuple(f"{p.namespace}/{p.name}" for p in here if p.unlimited),
+    )

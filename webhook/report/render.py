@@ -1,0 +1,149 @@
+"""A report as a person reads it (aligned tables, totals) and as a program does (JSON).
+
+Owns both forms of ``gpushare-webhook report``'s output. The JSON's shape
+is a contract (documented in docs/report.md): every key is always there,
+lists are sorted, counts name every status, whether or not it occurs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from webhook.report.findings import NodeUsage, PodFinding, Report, WorkloadFinding
+
+API_VERSION = "gpushare-webhook.io/v1"
+POD_STATUSES = ("confined", "drifted", "would-be-refused", "warned", "excluded")
+WORKLOAD_STATUSES = ("ok", "would-be-refused", "warned", "excluded")
+
+
+def _counts(statuses: Sequence[str], names: Sequence[str]) -> dict[str, int]:
+    return {name: sum(1 for status in statuses if status == name) for name in names}
+
+
+def as_json(report: Report) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Report",
+        "unit": report.unit,
+        "clean": report.clean,
+        "summary": {
+            "pods": _counts([p.status for p in report.pods], POD_STATUSES),
+            "workloads": _counts([w.status for w in report.workloads], WORKLOAD_STATUSES),
+        },
+        "pods": [_pod(p) for p in report.pods],
+        "workloads": [_workload(w) for w in report.workloads],
+        "nodes": [_node(n) for n in report.nodes],
+        "notes": list(report.notes),
+    }
+
+
+def _pod(pod: PodFinding) -> dict[str, Any]:
+    return {
+        "namespace": pod.namespace,
+        "name": pod.name,
+        "node": pod.node,
+        "status": pod.status,
+        "gpuMemory": pod.gpu_memory,
+        "withoutLimit": pod.unlimited,
+        "findings": list(pod.findings),
+        "cause": pod.cause,
+    }
+
+
+def _workload(workload: WorkloadFinding) -> dict[str, Any]:
+    return {
+        "kind": workload.kind,
+        "namespace": workload.namespace,
+        "name": workload.name,
+        "status": workload.status,
+        "findings": list(workload.findings),
+    }
+
+
+def _node(node: NodeUsage) -> dict[str, Any]:
+    return {
+        "name": node.name,
+        "gpus": node.gpus,
+        "memoryPerGpu": node.memory_per_gpu,
+        "total": node.total,
+        "asked": node.asked,
+        "free": node.free,
+        "pods": node.pods,
+        "withoutLimit": list(node.unlimited),
+    }
+
+
+Row = tuple[str, ...]
+
+
+def _table(header: Row, rows: Sequence[Row]) -> list[str]:
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    ]
+
+
+def as_table(report: Report) -> str:
+    out = _pods(report) + _workloads(report) + _nodes(report)
+    out.append(_summary(report))
+    out.extend(f"note: {note}" for note in report.notes)
+    return "\n".join(out) + "\n"
+
+
+def _pods(report: Report) -> list[str]:
+    if not report.pods:
+        return []
+    header = ("NAMESPACE", "POD", "NODE", f"GPU MEMORY ({report.unit})", "STATUS")
+    rows = [(p.namespace, p.name, p.node or "-", str(p.gpu_memory), p.status) for p in report.pods]
+    lines = _table(header, rows)
+    out = ["GPU PODS", lines[0]]
+    for pod, line in zip(report.pods, lines[1:], strict=True):
+        out.append(line)
+        out.extend(f"    - {finding}" for finding in pod.findings)
+        if pod.cause:
+            out.append(f"    likely cause: {pod.cause}")
+    return [*out, ""]
+
+
+def _workloads(report: Report) -> list[str]:
+    if not report.workloads:
+        return []
+    rows = [(w.kind, w.namespace, w.name, w.status) for w in report.workloads]
+    lines = _table(("KIND", "NAMESPACE", "NAME", "STATUS"), rows)
+    out = ["GPU WORKLOADS", lines[0]]
+    for workload, line in zip(report.workloads, lines[1:], strict=True):
+        out.append(line)
+        out.extend(f"    - {finding}" for finding in workload.findings)
+    return [*out, ""]
+
+
+def _nodes(report: Report) -> list[str]:
+    if not report.nodes:
+        return []
+    unit = report.unit
+    header: Row = ("NODE", "GPUS", f"PER GPU ({unit})", f"TOTAL ({unit})", f"ASKED ({unit})")
+    header += (f"FREE ({unit})", "GPU PODS", "WITHOUT LIMITS")
+    rows: list[Row] = []
+    for n in report.nodes:
+        rows.append((n.name, str(n.gpus), str(n.memory_per_gpu), str(n.total), str(n.asked)))
+        rows[-1] += (str(n.free), str(n.pods), ", ".join(n.unlimited) or "-")
+    nodes = report.nodes
+    total, asked = sum(n.total for n in nodes), sum(n.asked for n in nodes)
+    rows.append(("TOTAL", str(sum(n.gpus for n in nodes)), "", str(total), str(asked)))
+    rows[-1] += (str(total - asked), str(sum(n.pods for n in nodes)))
+    rows[-1] += (str(sum(len(n.unlimited) for n in nodes)),)
+    return ["GPU NODES", *_table(header, rows), ""]
+
+
+def _summary(report: Report) -> str:
+    pods = _counts([p.status for p in report.pods], POD_STATUSES)
+    workloads = _counts([w.status for w in report.workloads], WORKLOAD_STATUSES)
+    said = ", ".join(f"{count} {status.replace('-', ' ')}" for status, count in pods.items())
+    told = ", ".join(f"{count} {status.replace('-', ' ')}" for status, count in workloads.items())
+    verdict = "all confined" if report.clean else "needs attention"
+    return (
+        f"{len(report.pods)} GPU pods: {said}; {len(report.workloads)} GPU workloads: {told}"
+        f" ({verdict})"
+    )
