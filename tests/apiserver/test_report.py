@@ -211,3 +211,37 @@ def test_the_kubectl_plugin_and_a_saved_list_agree_with_the_cluster(
     code, narrowed = report("--kubeconfig", kubeconfig, "-n", WARN)
     assert {p["namespace"] for p in narrowed["pods"]} == {WARN}
     assert narrowed["workloads"] == []
+
+
+def test_under_warn_kubectl_shows_each_refusal_and_the_pod_is_set_up(
+    installed: Installed, scene: Path
+) -> None:
+    privileged = gpu_container("debug", gpu=None, securityContext={"privileged": True})
+    manifest = pod_manifest("tried", gpu_container(gpu="48"), privileged)
+    done = installed.plane.kubectl("apply", "-n", WARN, "-f", "-", stdin=json.dumps(manifest))
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("Warning: ")]
+    assert warnings == [
+        "Warning: gpushare-webhook would refuse this pod: container 'debug' sets "
+        "securityContext.privileged: true; a privileged container sees every GPU of the node, "
+        "past the device cgroup and the GPU shim's limit, in a GPU-memory pod: remove privileged",
+        "Warning: gpushare-webhook would refuse this pod: container 'main' asks 48 GiB of "
+        "aliyun.com/gpu-mem per GPU, but the largest GPU has 40 GiB (1 node of the cluster's GPU "
+        "nodes): the pod could never be scheduled; ask at most 40",
+    ]
+    stored = client.CoreV1Api(installed.api).read_namespaced_pod("tried", WARN).to_dict()
+    env = {e["name"]: e.get("value") for e in stored["spec"]["containers"][0]["env"] or []}
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "49152m"  # set up all the same
+
+    def audited() -> dict[str, str]:
+        for line in installed.plane.audit_log.read_text().splitlines():
+            event = json.loads(line)
+            ref = event.get("objectRef", {})
+            if ref.get("name") == "tried" and event.get("stage") == "ResponseComplete":
+                found: dict[str, str] = event.get("annotations", {})
+                return found
+        return {}
+
+    eventually(audited, timeout=15)
+    found = audited()
+    assert found["pods.gpushare-webhook.io/decision"] == "warned"
+    assert found["pods.gpushare-webhook.io/reasons"] == "privileged,exceeds-gpu"
