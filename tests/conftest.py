@@ -18,8 +18,28 @@ from typing import Any
 
 import pytest
 
+from tests import gotools
 from tests.helpers import review
 from webhook import tls
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the Go programs the collected tests use (helm, promtool) before the first test.
+
+    A cold build takes minutes: no test's timeout should pay for it. A
+    program that cannot be built is the fixture's to report (a skip, or a
+    failure in CI).
+    """
+    wanted = {
+        name
+        for item in session.items
+        for name in getattr(item, "fixturenames", ())
+        if name in gotools.TOOLS
+    }
+    for name in sorted(wanted):
+        with contextlib.suppress(gotools.Unavailable):
+            gotools.tool(name)
 
 
 @pytest.fixture(scope="session")

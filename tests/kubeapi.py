@@ -58,7 +58,11 @@ class FakeApi:
         self.mwcs[name] = {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": name, "resourceVersion": self.next_version()},
+            "metadata": {
+                "name": name,
+                "uid": f"00000000-0000-4000-8000-{len(self.mwcs):012d}",  # as the API sets one
+                "resourceVersion": self.next_version(),
+            },
             "webhooks": [
                 {
                     "name": f"hook{i}.gpushare-webhook.io",

@@ -39,6 +39,13 @@ rules:
   - level: Metadata
     resources: [{group: "", resources: [pods, pods/ephemeralcontainers]}]
     verbs: [create, update, patch]
+  # The order an uninstall deletes in (the webhook configuration first).
+  - level: Metadata
+    resources:
+      - {group: admissionregistration.k8s.io, resources: [mutatingwebhookconfigurations]}
+      - {group: apps, resources: [deployments]}
+      - {group: "", resources: [services, secrets]}
+    verbs: [delete]
   - level: None
 """
 

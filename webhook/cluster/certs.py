@@ -99,7 +99,16 @@ def install_certificates(
         now=now,
     )
     bundle = rotation.bundle_pem()
-    if rotation.ca_rotated or _decode(ca_data, "ca.crt") != bundle:
+    # NB: the Secrets belong to the webhook configuration they serve: deleting
+    # it (kubectl delete -k, helm uninstall) lets the garbage collector take
+    # them too, so an uninstall leaves nothing behind.
+    owner = client.V1OwnerReference(
+        api_version="admissionregistration.k8s.io/v1",
+        kind="MutatingWebhookConfiguration",
+        name=mwc.metadata.name,
+        uid=mwc.metadata.uid,
+    )
+    if rotation.ca_rotated or _decode(ca_data, "ca.crt") != bundle or not _owned_by(ca_obj, owner):
         _put_secret(
             core,
             namespace=namespace,
@@ -107,6 +116,7 @@ def install_certificates(
             existing=ca_obj,
             kind="Opaque",
             values={"ca.crt": bundle, "ca.key": tls.pem_key(rotation.ca_key)},
+            owner=owner,
         )
     ops = [
         {
@@ -139,7 +149,11 @@ def install_certificates(
         "tls.key": tls.pem_key(rotation.key),
         "ca.crt": bundle,
     }
-    if rotation.serving_renewed or any(_decode(tls_data, k) != v for k, v in serving.items()):
+    if (
+        rotation.serving_renewed
+        or any(_decode(tls_data, k) != v for k, v in serving.items())
+        or not _owned_by(tls_obj, owner)
+    ):
         _put_secret(
             core,
             namespace=namespace,
@@ -147,6 +161,7 @@ def install_certificates(
             existing=tls_obj,
             kind="kubernetes.io/tls",
             values=serving,
+            owner=owner,
         )
     return InstallReport(
         ca_rotated=rotation.ca_rotated,
@@ -175,6 +190,11 @@ def _pem_key(data: bytes | None) -> Any:
         return None
 
 
+def _owned_by(secret: Any, owner: client.V1OwnerReference) -> bool:
+    refs = (secret.metadata.owner_references or []) if secret is not None else []
+    return any(ref.uid == owner.uid for ref in refs)
+
+
 def _put_secret(
     core: client.CoreV1Api,
     *,
@@ -183,6 +203,7 @@ def _put_secret(
     existing: Any,
     kind: str,
     values: dict[str, bytes],
+    owner: client.V1OwnerReference,
 ) -> None:
     body = client.V1Secret(
         metadata=client.V1ObjectMeta(
@@ -192,6 +213,7 @@ def _put_secret(
                 "app.kubernetes.io/name": "gpushare-webhook",
                 "app.kubernetes.io/managed-by": "gpushare-webhook",
             },
+            owner_references=[owner],
             resource_version=existing.metadata.resource_version if existing is not None else None,
         ),
         type=kind,

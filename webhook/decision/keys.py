@@ -24,6 +24,14 @@ from webhook.errors import PolicyError
 Check = Callable[[str, Any], Any]
 S = TypeVar("S")
 DNS_LABELS = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+# What each check accepts, as JSON Schema (for the Helm chart's values.schema.json).
+_SCHEMAS: dict[Check, dict[str, Any]] = {}
+
+
+def described(check: Check, schema: dict[str, Any]) -> Check:
+    """``check``, with the JSON Schema of what it accepts (see :func:`json_schema`)."""
+    _SCHEMAS[check] = schema
+    return check
 
 
 def string(pattern: re.Pattern[str] | None, hint: str) -> Check:
@@ -44,7 +52,10 @@ def string(pattern: re.Pattern[str] | None, hint: str) -> Check:
                 ) from None
         return value
 
-    return check
+    schema: dict[str, Any] = {"type": "string", "minLength": 1}
+    if pattern is not None:
+        schema["pattern"] = f"^(?:{pattern.pattern})$"
+    return described(check, schema)
 
 
 def absolute_path(key: str, value: Any) -> str:
@@ -60,7 +71,7 @@ def optional(check: Check) -> Check:
     def optional(key: str, value: Any) -> Any:
         return value if value == "" else check(key, value)
 
-    return optional
+    return described(optional, {"anyOf": [{"const": ""}, _SCHEMAS[check]]})
 
 
 def file_name(key: str, value: Any) -> str:
@@ -83,7 +94,10 @@ def positive_int(limit: int | None = None) -> Check:
             raise PolicyError(f"policy key {key!r}: {value} is too large (at most {limit})")
         return value
 
-    return check
+    schema: dict[str, Any] = {"type": "integer", "minimum": 1}
+    if limit is not None:
+        schema["maximum"] = limit
+    return described(check, schema)
 
 
 def boolean(key: str, value: Any) -> bool:
@@ -100,7 +114,7 @@ def choice(*allowed: str) -> Check:
             )
         return cast(str, value)
 
-    return check
+    return described(check, {"enum": list(allowed)})
 
 
 def namespace_list(key: str, value: Any) -> tuple[str, ...]:
@@ -108,6 +122,12 @@ def namespace_list(key: str, value: Any) -> tuple[str, ...]:
         raise PolicyError(f"policy key {key!r}: expected a list of namespace names, got {value!r}")
     check = string(DNS_LABELS, "a namespace name")
     return tuple(check(f"{key}[{i}]", item) for i, item in enumerate(value))
+
+
+described(absolute_path, {"type": "string", "pattern": "^/"})
+described(file_name, {"type": "string", "pattern": "^[^/: ]+$"})
+described(boolean, {"type": "boolean"})
+described(namespace_list, {"type": "array", "items": _SCHEMAS[string(DNS_LABELS, "")]})
 
 
 def setting(key: str, default: Any, check: Check, doc: str) -> Any:
@@ -222,3 +242,24 @@ def lines(settings: Any, indent: str = "") -> Iterator[tuple[str, str]]:
             plain = list(value) if isinstance(value, tuple) else value
             text = yaml.safe_dump(plain, default_flow_style=True, width=1 << 20)
             yield f"{indent}{key}: {text.removesuffix(chr(10)).removesuffix(chr(10) + '...')}", doc
+
+
+def json_schema(kind: type) -> dict[str, Any]:
+    """The JSON Schema of a dataclass of settings: every key, its check and its documentation."""
+    properties: dict[str, Any] = {}
+    for spec in fields(kind):
+        doc = spec.metadata["doc"]
+        if "section" in spec.metadata:
+            found = json_schema(spec.metadata["section"])
+        elif "by_name" in spec.metadata:
+            found = {
+                "type": "object",
+                "propertyNames": _SCHEMAS[spec.metadata["name"]],
+                "additionalProperties": json_schema(spec.metadata["by_name"]),
+            }
+        else:
+            found = dict(_SCHEMAS[spec.metadata["check"]])
+            default = spec.default
+            found["default"] = list(default) if isinstance(default, tuple) else default
+        properties[spec.metadata["key"]] = {"description": doc, **found}
+    return {"type": "object", "additionalProperties": False, "properties": properties}

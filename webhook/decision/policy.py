@@ -26,6 +26,7 @@ from webhook.decision.keys import (
     build,
     by_name,
     choice,
+    described,
     document,
     file_name,
     lines,
@@ -60,6 +61,17 @@ def _compute_default(key: str, value: Any) -> ComputeDefault:
         f"policy key {key!r}: {value!r} is not allowed; use none, proportional, "
         "or a whole percentage from 1 to 100"
     )
+
+
+described(
+    _compute_default,
+    {
+        "anyOf": [
+            {"enum": ["none", "proportional"]},
+            {"type": "integer", "minimum": 1, "maximum": 100},
+        ]
+    },
+)
 
 
 @dataclass(frozen=True)
