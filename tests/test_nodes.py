@@ -1,4 +1,4 @@
-"""GPU sizes from the cluster: reading a Node's capacity, and the watch under faults.
+"""GPU sizes from the cluster: the node watch under faults, and the workers' snapshot.
 
 The watch's ordinary life (list, adds, changes, deletes, 410 after a
 compaction, RBAC, node pools) is tested against the real API server in
@@ -20,43 +20,14 @@ import pytest
 
 from tests.helpers import eventually
 from tests.kubeapi import FakeApi, serve
+from tests.test_capacity import FACTS
 from webhook.cluster import kube, nodes
-from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node
-from webhook.decision.nodes import NodeStatus, capacity_kept, decode_snapshot, encode_snapshot
-from webhook.decision.policy import DEFAULT_POLICY, parse_policy
-from webhook.errors import SnapshotError
+from webhook.decision.capacity import NodeFacts
+from webhook.decision.nodes import NodeStatus, encode_snapshot
+from webhook.decision.policy import DEFAULT_POLICY
 from webhook.serving.nodes import SharedNodes
 
 GIB = DEFAULT_POLICY
-
-
-@pytest.mark.parametrize(
-    ("capacity", "expected"),
-    [
-        ({"aliyun.com/gpu-mem": "96", "aliyun.com/gpu-count": "4"}, (24, 4)),
-        ({"aliyun.com/gpu-mem": "15", "aliyun.com/gpu-count": "2"}, (7, 2)),  # round down
-        ({"aliyun.com/gpu-mem": "16"}, (16, 1)),  # memory only: one card
-        ({"aliyun.com/gpu-mem": "16", "aliyun.com/gpu-count": "0"}, (16, 1)),
-        ({"aliyun.com/gpu-mem": "1", "aliyun.com/gpu-count": "2"}, None),  # under one unit
-        ({"aliyun.com/gpu-mem": "0", "aliyun.com/gpu-count": "1"}, None),
-        ({"aliyun.com/gpu-mem": "lots", "aliyun.com/gpu-count": "1"}, None),
-        ({"aliyun.com/gpu-mem": "-8"}, None),
-        ({"nvidia.com/gpu": "1", "cpu": "8"}, None),  # a GPU, but not a shared one
-        ({}, None),
-    ],
-)
-def test_gpu_node_from_capacity(capacity: dict[str, str], expected: tuple[int, int] | None) -> None:
-    node = gpu_node(NodeFacts("n1", {}, capacity), DEFAULT_POLICY)
-    assert (node and (node.gpu_memory, node.gpu_count)) == expected
-
-
-def test_gpu_node_follows_the_policy_resource_names() -> None:
-    policy = parse_policy(
-        {"resourceName": "example.com/vram", "multiGpu": {"resourceName": "example.com/cards"}}
-    )
-    facts = NodeFacts("n1", {}, {"example.com/vram": "80", "example.com/cards": "2"})
-    assert gpu_node(facts, policy) == GpuNode("n1", 40, 2, {})
-    assert gpu_node(facts, DEFAULT_POLICY) is None
 
 
 @pytest.fixture
@@ -179,39 +150,6 @@ def test_start_and_wait_gives_up_on_a_silent_api(
     watcher.start_and_wait(timeout=0.2)
     assert not watcher.status().tried  # the worker goes on, falling back as usual
     eventually(lambda: watcher.status().synced)
-
-
-# -- the snapshot: one watch per server, read by every worker --
-
-FACTS = (
-    NodeFacts(
-        "a100-1", {"pool": "a100"}, {"aliyun.com/gpu-mem": "160", "aliyun.com/gpu-count": "2"}
-    ),
-    NodeFacts("cpu-1", {}, {}),
-)
-
-
-def test_a_snapshot_carries_the_status_and_facts_whole() -> None:
-    status = NodeStatus(watching=True, tried=True, synced=True, connected=True, nodes=2)
-    assert decode_snapshot(encode_snapshot(status, FACTS)) == (status, FACTS)
-
-
-@pytest.mark.parametrize(
-    "data",
-    [b"", b"{", b"[]", b'{"version": 2, "status": {}, "nodes": []}', b'{"version": 1}',
-     b'{"version": 1, "status": {}, "nodes": [["a", {}]]}',
-     b'{"version": 1, "status": {"tried": true}, "nodes": 3}'],
-    ids=["empty", "truncated", "a list", "another version", "no status", "short node", "no list"],
-)  # fmt: skip
-def test_a_snapshot_this_code_did_not_write_is_a_snapshot_error(data: bytes) -> None:
-    with pytest.raises(SnapshotError, match="node snapshot"):
-        decode_snapshot(data)
-
-
-def test_only_extended_resources_travel_in_a_snapshot() -> None:
-    assert capacity_kept("aliyun.com/gpu-mem")
-    assert not capacity_kept("cpu")
-    assert not capacity_kept("hugepages-2Mi")
 
 
 def write_snapshot(path: Path, status: NodeStatus, facts: tuple[NodeFacts, ...] = ()) -> None:

@@ -364,7 +364,7 @@ NODES = [
     [
         ({}, 80, 2, 8),
         ({"nodeSelector": {"pool": "t4"}}, 16, 1, 4),
-        ({"nodeSelector": {"pool": "v100"}}, 0, 0, 0),
+        ({"nodeSelector": {"pool": "v100"}}, 16, None, 8),  # the policy's, as none matches
         (
             {
                 "affinity": {

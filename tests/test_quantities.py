@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from webhook.decision.quantities import parse_quantity, whole_count
+from webhook.decision.quantities import Quantity, parse_quantity, plain_count, whole_count
 from webhook.errors import QuantityError
 
 PARSES = [
@@ -102,3 +102,98 @@ def test_whole_count_maximum() -> None:
     assert whole_count("100", what="w", unit_word="percent", maximum=100) == 100
     with pytest.raises(QuantityError, match="at most 100"):
         whole_count("101", what="w", unit_word="percent", maximum=100)
+
+
+# What a quantity the grammar refuses is told, exactly: the text (cut short
+# when long), and why.
+REFUSED = [
+    (True, 'True is not a quantity (use a string such as "4")'),
+    (None, 'None is not a quantity (use a string such as "4")'),
+    ([4], '[4] is not a quantity (use a string such as "4")'),
+    (float("nan"), "nan is not a quantity"),
+    (float("-inf"), "-inf is not a quantity"),
+    ("4 Gi", "'4 Gi' is not a Kubernetes quantity"),
+    ("1" * 65, "'11111111111111111111'... is not a quantity (too long)"),
+    ("1e31", "'1e31' is out of range"),
+    ("1e-31", "'1e-31' is out of range"),
+]
+
+
+@pytest.mark.parametrize(("raw", "message"), REFUSED, ids=[str(r[0])[:12] for r in REFUSED])
+def test_what_the_grammar_refuses_is_told_why(raw: object, message: str) -> None:
+    with pytest.raises(QuantityError) as caught:
+        parse_quantity(raw)
+    assert str(caught.value) == message
+
+
+# Each limit of the grammar, at its edge: the longest text, the largest
+# exponent, the longest plain count (past it, the full grammar reads it).
+EDGES = [
+    ("1" * 64, Fraction(int("1" * 64)), ""),
+    ("1e30", Fraction(10**30), "e"),
+    ("1e-30", Fraction(1, 10**30), "e"),
+    ("9" * 18, Fraction(int("9" * 18)), ""),
+    ("9" * 19, Fraction(int("9" * 19)), ""),
+    (1.5, Fraction(3, 2), ""),
+    ("1E", Fraction(10**18), "E"),
+    ("1P", Fraction(10**15), "P"),
+    ("1T", Fraction(10**12), "T"),
+    ("1G", Fraction(10**9), "G"),
+    ("1M", Fraction(10**6), "M"),
+    ("1u", Fraction(1, 10**6), "u"),
+    ("1Mi", Fraction(2**20), "Mi"),
+    ("1Ti", Fraction(2**40), "Ti"),
+    ("1Pi", Fraction(2**50), "Pi"),
+    ("1Ei", Fraction(2**60), "Ei"),
+]
+
+
+@pytest.mark.parametrize(("raw", "value", "suffix"), EDGES, ids=[str(e[0])[:12] for e in EDGES])
+def test_the_grammar_at_its_edges(raw: object, value: Fraction, suffix: str) -> None:
+    quantity = parse_quantity(raw)
+    assert (quantity.value, quantity.suffix) == (value, suffix)
+
+
+@pytest.mark.parametrize(
+    ("suffix", "scales"),
+    [("", False), ("n", False), ("u", False), ("m", False), ("e", False)]
+    + [(s, True) for s in ("k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")],
+)
+def test_byte_suffixes_are_the_ones_that_scale_by_a_thousand_or_more(
+    suffix: str, scales: bool
+) -> None:
+    # What "4Gi where GiB are counted" is caught by: every scaling suffix, no other.
+    assert Quantity("1" + suffix, Fraction(1), suffix).has_byte_suffix is scales
+
+
+@pytest.mark.parametrize(
+    ("raw", "maximum", "count"),
+    [
+        ("1", None, 1),
+        ("4", None, 4),
+        ("100", 100, 100),
+        ("101", 100, None),
+        ("0", None, None),
+        ("01", None, 1),
+        ("4.0", None, None),
+        ("+4", None, None),
+        (4, None, None),
+        ("٤", None, None),
+        ("9" * 18, None, int("9" * 18)),
+        ("9" * 19, None, None),
+    ],
+)
+def test_the_plain_count_shortcut_takes_plain_counts_only(
+    raw: object, maximum: int | None, count: int | None
+) -> None:
+    # Nearly every GPU quantity is a short string of digits: those skip the
+    # grammar; anything else, even a count it would accept, goes through it.
+    assert plain_count(raw, maximum) == count
+
+
+def test_whole_count_names_the_place_and_the_unit() -> None:
+    with pytest.raises(QuantityError) as caught:
+        whole_count("x", what="container 'a' limit r", unit_word="GPUs")
+    assert str(caught.value) == (
+        "container 'a' limit r: 'x' is not a Kubernetes quantity; write a whole number of GPUs"
+    )

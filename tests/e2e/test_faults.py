@@ -71,7 +71,7 @@ def test_broken_policy_files_keep_the_last_good_policy(served: Served) -> None:
     assert allows_20_gib(server)
     assert server.metrics()["gpushare_policy_stale"] == 0
     broken = {  # what is written, and what the log says of it
-        "\x00\xff not: [yaml": "malformed YAML",
+        "\x00\xff not: [yaml": "at character 1: ",  # then the character, escaped
         'gpuMemory: 24\nshim:\n  hostPath: "/usr/lo': "unexpected end of stream",
         "gpuMemroy: 8\n": "'gpuMemroy' is not known",
     }

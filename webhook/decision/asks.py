@@ -34,6 +34,7 @@ class ContainerAsk(NamedTuple):
     memory: int  # GPU memory per device, in the policy's unit
     gpus: int
     compute: int | None  # SM percentage to enforce, None for no limit
+    compute_asked: bool = False  # the container asked it (else: the policy's default, or none)
 
     @property
     def label(self) -> str:
@@ -47,7 +48,7 @@ def _resources(
     if container.get("resources") is None:  # no path to build (it is only for messages)
         return EMPTY, EMPTY
     path = f"spec.{kind}[{index}]"
-    resources = mapping(container, "resources", path=path)
+    resources = mapping(container, "resources", path=path, optional=False)
     limits = mapping(resources, "limits", path=f"{path}.resources", optional=True)
     requests = mapping(resources, "requests", path=f"{path}.resources", optional=True)
     return limits, requests
@@ -95,7 +96,7 @@ def _same_quantity(a: object, b: object) -> bool:
     try:
         return parse_quantity(a).value == parse_quantity(b).value
     except QuantityError:
-        return str(a) == str(b)  # the malformed one is reported when the limit is read
+        return False  # one is malformed, and not the other: they differ
 
 
 def collect_asks(
@@ -189,7 +190,8 @@ def _ask(
         )
     else:
         compute = _default_compute(memory, policy, limits)
-    return ContainerAsk(kind, index, str(container.get("name")), memory, gpus, compute)
+    asked = compute_raw is not None
+    return ContainerAsk(kind, index, str(container.get("name")), memory, gpus, compute, asked)
 
 
 def _label_count(labels: Mapping[str, Any], name: str) -> int | None:
@@ -230,10 +232,11 @@ def _per_device_memory(memory: int, gpus: int, who: str, policy: Policy) -> int:
         return memory
     if memory % gpus:
         low = memory - memory % gpus
+        near = f"{low} or {low + gpus}" if low else str(gpus)
         raise QuantityError(
             f"{who} asks {memory} {policy.memory_unit} of {policy.resource_name} over {gpus} "
             f"GPUs, which does not split evenly (each GPU gives the same share); ask a multiple "
-            f"of {gpus}, such as {low or gpus} or {low + gpus}",
+            f"of {gpus}, such as {near}",
             reason="uneven-split",
         )
     return memory // gpus
@@ -244,6 +247,7 @@ def _default_compute(memory: int, policy: Policy, limits: GpuLimits) -> int | No
     if default == "none":
         return None
     if default == "proportional":
-        largest = max(limits.largest_gpu, 1)
-        return min(100, max(1, -(-memory * 100 // largest)))
+        # NB: at least 1 (a GPU of 1 unit); at most 100, for a container asking
+        # more than the GPU (refused, or under warn set up anyway).
+        return min(100, max(1, -(-memory * 100 // limits.largest_gpu)))
     return default

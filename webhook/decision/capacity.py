@@ -112,7 +112,7 @@ def limits_for(
     """
     if not nodes:
         return limits_from_policy(policy)
-    return limits_over(spec, nodes)
+    return limits_over(spec, nodes, policy)
 
 
 def placement_key(spec: Mapping[str, Any]) -> str:
@@ -124,15 +124,27 @@ def placement_key(spec: Mapping[str, Any]) -> str:
     return json.dumps([selector, _required_terms(spec)], sort_keys=True, default=repr)
 
 
-def limits_over(spec: Mapping[str, Any], nodes: Sequence[GpuNode]) -> GpuLimits:
+UNMATCHED = "no GPU node the cluster has now matches the pod's node selector"
+
+
+def limits_over(spec: Mapping[str, Any], nodes: Sequence[GpuNode], policy: Policy) -> GpuLimits:
+    """The bounds over the GPU nodes the pod may run on; the policy's when there are none.
+
+    No GPU node matching is no reason to refuse: the pod may be meant for a
+    node pool scaled to zero, which the cluster autoscaler grows when the
+    pod waits. The policy's sizes bound it then, and the message says why.
+    """
     allowed = [node for node in nodes if _node_allowed(spec, node.labels)]
+    if not allowed:
+        return GpuLimits(
+            largest_gpu=policy.gpu_memory,
+            max_gpus=policy.multi_gpu.max_gpus,
+            source=f"policy gpuMemory; {UNMATCHED}",
+            gpus_source=f"policy multiGpu.maxGpus; {UNMATCHED}",
+        )
     source = "the cluster's GPU nodes"
     if len(allowed) != len(nodes):
         source = "the GPU nodes this pod's node selector allows"
-    if not allowed:
-        return GpuLimits(
-            largest_gpu=0, max_gpus=0, source=source, nodes_with_largest=0, gpus_source=source
-        )
     largest = max(node.gpu_memory for node in allowed)
     return GpuLimits(
         largest_gpu=largest,

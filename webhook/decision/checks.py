@@ -20,7 +20,7 @@ from webhook.decision.asks import ContainerAsk
 from webhook.decision.capacity import GpuLimits
 from webhook.decision.fields import CONTAINER_KINDS, each_container, label, mapping
 from webhook.decision.layout import PRELOAD, Layout
-from webhook.decision.policy import Policy, overlaps
+from webhook.decision.policy import Policy, folder, overlaps
 from webhook.errors import PodError, ShapeError
 
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -160,7 +160,9 @@ def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits, found
     for ask in asks:
         if ask.kind == "containers":
             app_total += ask.memory
-            compute_total += ask.compute or 0
+            # Only shares asked for count: a default (fixed, or rounded up in
+            # proportion) is the operator's, and shares over 100 only time-slice.
+            compute_total += ask.compute if ask.compute_asked and ask.compute else 0
         elif ask.memory > init_largest:
             init_largest = ask.memory
         if ask.memory > limits.largest_gpu:
@@ -194,7 +196,7 @@ def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits, found
         )
     if compute_total > 100:
         parts = ", ".join(
-            f"{a.name}={a.compute}" for a in asks if a.kind == "containers" and a.compute
+            f"{a.name}={a.compute}" for a in asks if a.kind == "containers" and a.compute_asked
         )
         found.append(
             PodError(
@@ -226,11 +228,13 @@ def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout, found
                 )
             )
         host = volume.get("hostPath")
-        if isinstance(host, dict) and overlaps(str(host.get("path", "")), policy.shim.host_path):
+        path = host.get("path") if isinstance(host, dict) else None
+        # NB: a hostPath without a path is refused by the API server's validation.
+        if isinstance(path, str) and overlaps(path, policy.shim.host_path):
             found.append(
                 PodError(
                     f"spec.volumes[{index}] ({volume.get('name')!r}) mounts host path "
-                    f"{host.get('path')!r}, which holds the GPU shim; a GPU pod may not mount it "
+                    f"{path!r}, which holds the GPU shim; a GPU pod may not mount it "
                     "itself: remove the volume",
                     reason="shim-host-path",
                 )
@@ -238,20 +242,24 @@ def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout, found
 
 
 def mount_key(mount: Mapping[str, Any]) -> str:
-    """A mount's path with one trailing slash, as the layout's paths are written."""
-    path = mount.get("mountPath", "")
-    return (path if type(path) is str else str(path)).rstrip("/") + "/"
+    """A mount's path with one trailing slash, as the layout's paths are written.
+
+    NB: a mount without a string mountPath is refused by the API server's
+    validation; read as "/", it is no path of the webhook's.
+    """
+    path = mount.get("mountPath")
+    return folder(path if type(path) is str else "")
 
 
 def check_mounts(
-    container: Mapping[str, Any], base: str, ask: ContainerAsk, layout: Layout, found: Problems
+    container: Mapping[str, Any], ask: ContainerAsk, layout: Layout, found: Problems
 ) -> None:
     """No mount of the container may replace or hide what the webhook mounts, nor move it."""
     wanted = {(mount.entry.data["name"], mount.path): mount for mount in layout.mounts}
     holds = {mount.path: mount.holds for mount in layout.mounts}
     shim_dir = layout.mount_dir
     ours: set[str] = set()
-    for index, mount in enumerate(_listed(container, "volumeMounts", base, found)):
+    for index, mount in enumerate(_listed(container, "volumeMounts", _path(ask), found)):
         if not isinstance(mount, dict):
             found.append(
                 ShapeError(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
@@ -276,7 +284,7 @@ def check_mounts(
                 PodError(
                     f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
                     "webhook mounts the GPU shim; it would replace the shim and escape its limit: "
-                    f"mount it somewhere outside {shim_dir.rstrip('/') or '/'}",
+                    f"mount it somewhere outside {shim_dir[:-1]}",
                     reason="shim-mount",
                 )
             )
@@ -291,9 +299,9 @@ def check_mounts(
             )
 
 
-def check_env(container: Mapping[str, Any], base: str, ask: ContainerAsk, found: Problems) -> None:
+def check_env(container: Mapping[str, Any], ask: ContainerAsk, found: Problems) -> None:
     """Every env entry has a string name, and LD_PRELOAD a value the webhook can read."""
-    for index, entry in enumerate(_listed(container, "env", base, found)):
+    for index, entry in enumerate(_listed(container, "env", _path(ask), found)):
         name = entry.get("name") if isinstance(entry, dict) else None
         if type(name) is not str:
             found.append(
@@ -314,6 +322,11 @@ def check_annotations(metadata: Mapping[str, Any], found: Problems) -> None:
         mapping(metadata, "annotations", path="metadata", optional=True)
     except ShapeError as error:
         found.append(error)
+
+
+def _path(ask: ContainerAsk) -> str:
+    """The container's field path, for a message: spec.initContainers[0]."""
+    return f"spec.{ask.kind}[{ask.position}]"
 
 
 def _listed(parent: Mapping[str, Any], key: str, path: str, found: Problems) -> list[Any]:

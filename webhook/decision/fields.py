@@ -30,7 +30,7 @@ def label(kind: str, container: Mapping[str, Any]) -> str:
     return container_label(kind, container.get("name"))
 
 
-def mapping(parent: Mapping[str, Any], key: str, *, path: str = "", optional: bool = False) -> Any:
+def mapping(parent: Mapping[str, Any], key: str, *, path: str, optional: bool) -> Any:
     """``parent[key]``, which must be an object (or absent, when ``optional``: then empty)."""
     value = parent.get(key)
     if value is None and optional:

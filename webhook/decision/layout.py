@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from webhook.decision import contract
 from webhook.decision.patch import Fixed
-from webhook.decision.policy import LD_SO_PRELOAD, EnvNames, Shim
+from webhook.decision.policy import LD_SO_PRELOAD, EnvNames, Shim, folder
 
 VOLUME_NAME = "gpushare-shim"
 # An empty file over the shim's override file (see webhook.decision.contract).
@@ -102,7 +102,7 @@ def _mount(volume: str, path: str, holds: str, sub_path: str = "") -> Mount:
     entry = {"name": volume, "mountPath": path, "readOnly": True}
     if sub_path:
         entry = {"name": volume, "mountPath": path, "subPath": sub_path, "readOnly": True}
-    return Mount(path.rstrip("/") + "/", Fixed(entry), holds)
+    return Mount(folder(path), Fixed(entry), holds)
 
 
 # NB: a memo keyed by the (frozen, hashable) parts of a policy that shape the

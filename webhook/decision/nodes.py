@@ -72,7 +72,7 @@ class NodeView:
         if found is None:
             if len(self._bounds) >= self.MAX_PLACEMENTS:
                 self._bounds.clear()
-            found = self._bounds[key] = limits_over(spec, self.nodes)
+            found = self._bounds[key] = limits_over(spec, self.nodes, policy)
         return found
 
 

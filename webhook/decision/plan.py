@@ -99,6 +99,9 @@ def _refused(found: list[PodError]) -> Decision:
     )
 
 
+_NOTHING_DONE = Decision(outcome="untouched", reason="untouched")  # its fields all replaced
+
+
 def _warned(found: list[PodError], done: Decision | None = None) -> Decision:
     """Admitted under ``enforcement: warn``, with a warning for each refusal it would have had.
 
@@ -109,7 +112,7 @@ def _warned(found: list[PodError], done: Decision | None = None) -> Decision:
     warnings = tuple(
         f"gpushare-webhook would refuse this pod: {p.message}" for p in refused.problems
     )
-    base = done or Decision(outcome="untouched", reason="untouched")
+    base = done or _NOTHING_DONE
     return dataclasses.replace(
         base,
         outcome="warned",
@@ -197,8 +200,8 @@ def _plan(
             for kind, container in each_container(spec, CONTAINER_KINDS):
                 checks.check_visible_devices(container, kind, policy, found)
         return _judged(found, warn) if found else untouched("no-gpu-request")
-    spec = mapping(pod, "spec")
-    metadata = mapping(pod, "metadata", optional=True)
+    spec = pod["spec"]  # an object: is_gpu_pod found GPUs in it
+    metadata = mapping(pod, "metadata", path="", optional=True)
     limits = limits or limits_from_policy(policy)
     shape = layout(policy.shim, policy.env, policy.mib_per_unit)
 
@@ -217,9 +220,9 @@ def _plan(
     places = [
         (ask, spec[ask.kind][ask.position], f"/spec/{ask.kind}/{ask.position}") for ask in asks
     ]
-    for ask, container, base in places:  # no token of base needs JSON-Pointer escaping
-        checks.check_env(container, base, ask, found)
-        checks.check_mounts(container, base, ask, shape, found)
+    for ask, container, _ in places:
+        checks.check_env(container, ask, found)
+        checks.check_mounts(container, ask, shape, found)
     checks.check_annotations(metadata, found)
     if found and (not warn or not asks or NOT_INJECTABLE & {e.reason for e in found}):
         return _judged(found, warn)
@@ -230,7 +233,7 @@ def _plan(
     warnings = _claim_warnings(spec, policy)
     ops = [] if keep_scheduler else inject.scheduler_ops(spec, policy)
     ops += inject.volume_ops(spec, shape)
-    for ask, container, base in places:
+    for ask, container, base in places:  # no token of base needs JSON-Pointer escaping
         ops += inject.env_ops(container, base, ask, shape, warnings)
         ops += inject.mount_ops(container, base, shape)
     ops += inject.annotation_ops(metadata, asks, policy, demand)

@@ -20,22 +20,24 @@ import yaml
 
 from webhook.decision.keys import (
     DNS_LABELS,
+    NAMESPACE,
+    AbsolutePath,
+    Boolean,
+    Check,
+    Choice,
+    FileName,
+    Folder,
     Named,
-    absolute_path,
-    boolean,
+    NamespaceList,
+    OrEmpty,
+    PositiveInt,
+    String,
     build,
     by_name,
-    choice,
-    described,
     document,
-    file_name,
     lines,
-    namespace_list,
-    optional,
-    positive_int,
     section,
     setting,
-    string,
 )
 from webhook.errors import PolicyError
 
@@ -52,26 +54,25 @@ _RESOURCE = re.compile(
 LD_SO_PRELOAD = "/etc/ld.so.preload"
 
 
-def _compute_default(key: str, value: Any) -> ComputeDefault:
-    if value in ("none", "proportional"):
-        return cast(ComputeDefault, value)
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 100:
-        return value
-    raise PolicyError(
-        f"policy key {key!r}: {value!r} is not allowed; use none, proportional, "
-        "or a whole percentage from 1 to 100"
-    )
+@dataclass(frozen=True)
+class ComputeDefaultCheck(Check):
+    def __call__(self, key: str, value: Any) -> ComputeDefault:
+        if value in ("none", "proportional"):
+            return cast(ComputeDefault, value)
+        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 100:
+            return value
+        raise PolicyError(
+            f"policy key {key!r}: {value!r} is not allowed; use none, proportional, "
+            "or a whole percentage from 1 to 100"
+        )
 
-
-described(
-    _compute_default,
-    {
-        "anyOf": [
-            {"enum": ["none", "proportional"]},
-            {"type": "integer", "minimum": 1, "maximum": 100},
-        ]
-    },
-)
+    def schema(self) -> dict[str, Any]:
+        return {
+            "anyOf": [
+                {"enum": ["none", "proportional"]},
+                {"type": "integer", "minimum": 1, "maximum": 100},
+            ]
+        }
 
 
 @dataclass(frozen=True)
@@ -79,23 +80,23 @@ class Shim:
     """Where the interception library lives on the node and in the container."""
 
     host_path: str = setting(
-        "hostPath", "/usr/local/vgpu", absolute_path, "directory on the node holding the shim"
+        "hostPath", "/usr/local/vgpu", Folder(), "directory on the node holding the shim"
     )
     mount_path: str = setting(
-        "mountPath", "/usr/local/vgpu", absolute_path, "where it is mounted, read-only"
+        "mountPath", "/usr/local/vgpu", Folder(), "where it is mounted, read-only"
     )
     library: str = setting(
-        "library", "libvgpu.so", file_name, "preloaded as LD_PRELOAD=<mountPath>/<library>"
+        "library", "libvgpu.so", FileName(), "preloaded as LD_PRELOAD=<mountPath>/<library>"
     )
     # A process cannot drop /etc/ld.so.preload by clearing its environment.
     ld_so_preload: bool = setting(
-        "ldSoPreload", False, boolean, "also mount <hostPath>/ld.so.preload at /etc/ld.so.preload"
+        "ldSoPreload", False, Boolean(), "also mount <hostPath>/ld.so.preload at /etc/ld.so.preload"
     )
     # HAMi-core sets every KEY=VALUE line of this file over the pod's env.
     override_file: str = setting(
         "overrideFile",
         "/overrideEnv",
-        optional(absolute_path),
+        OrEmpty(AbsolutePath()),
         'file the shim takes variables from; /dev/null hides it ("": none)',
     )
 
@@ -112,13 +113,13 @@ class EnvNames:
     memory_limit: str = setting(
         "memoryLimit",
         "CUDA_DEVICE_MEMORY_LIMIT",
-        string(_ENV_NAME, "an environment variable name"),
+        String(_ENV_NAME, "an environment variable name"),
         'the container\'s request in MiB: "4096m"',
     )
     sm_limit: str = setting(
         "smLimit",
         "CUDA_DEVICE_SM_LIMIT",
-        string(_ENV_NAME, "an environment variable name"),
+        String(_ENV_NAME, "an environment variable name"),
         "the compute share, a percentage",
     )
 
@@ -130,13 +131,13 @@ class Compute:
     resource_name: str = setting(
         "resourceName",
         "aliyun.com/gpu-core.percentage",
-        string(_RESOURCE, "a resource name such as aliyun.com/gpu-core.percentage"),
+        String(_RESOURCE, "a resource name such as aliyun.com/gpu-core.percentage"),
         "a percentage of one GPU's SMs",
     )
     default: ComputeDefault = setting(
         "default",
         "none",
-        _compute_default,
+        ComputeDefaultCheck(),
         "none, proportional (to memory), or a percentage 1-100",
     )
 
@@ -148,22 +149,22 @@ class MultiGpu:
     resource_name: str = setting(
         "resourceName",
         "aliyun.com/gpu-count",
-        string(_RESOURCE, "a resource name such as aliyun.com/gpu-count"),
+        String(_RESOURCE, "a resource name such as aliyun.com/gpu-count"),
         "how many GPUs a pod spans; also the Node capacity that counts them",
     )
     count_from: Literal["label", "resource"] = setting(
         "countFrom",
         "label",
-        choice("label", "resource"),
+        Choice(("label", "resource")),
         "label (the pod's label, as ACK reads it) or resource (each container's)",
     )
     memory: MultiGpuMemory = setting(
         "memory",
         "total",
-        choice("total", "perDevice"),
+        Choice(("total", "perDevice")),
         "total (split evenly over the GPUs, as ACK does) or perDevice (as HAMi does)",
     )
-    max_gpus: int = setting("maxGpus", 8, positive_int(1024), "GPUs of the largest node")
+    max_gpus: int = setting("maxGpus", 8, PositiveInt(1024), "GPUs of the largest node")
 
 
 @dataclass(frozen=True)
@@ -171,10 +172,10 @@ class Security:
     """What a GPU-memory pod may not do, because it would reach past the shim."""
 
     reject_privileged: bool = setting(
-        "rejectPrivileged", True, boolean, "reject privileged, hostPID, CAP_SYS_ADMIN"
+        "rejectPrivileged", True, Boolean(), "reject privileged, hostPID, CAP_SYS_ADMIN"
     )
     reject_visible_devices: bool = setting(
-        "rejectVisibleDevices", True, boolean, "reject NVIDIA_VISIBLE_DEVICES set by the user"
+        "rejectVisibleDevices", True, Boolean(), "reject NVIDIA_VISIBLE_DEVICES set by the user"
     )
 
 
@@ -186,7 +187,7 @@ class NamespacePolicy:
     """What the policy's author sets for one namespace (not its labels: its users own those)."""
 
     enforcement: Enforcement = setting(
-        "enforcement", "enforce", choice("enforce", "warn"), _ENFORCEMENT_DOC
+        "enforcement", "enforce", Choice(("enforce", "warn")), _ENFORCEMENT_DOC
     )
 
 
@@ -197,22 +198,22 @@ class Policy:
     scheduler_name: str = setting(
         "schedulerName",
         "gpushare-scheduler",
-        string(DNS_LABELS, "a scheduler name such as gpushare-scheduler"),
+        String(DNS_LABELS, "a scheduler name such as gpushare-scheduler"),
         "set on every GPU-memory pod",
     )
     resource_name: str = setting(
         "resourceName",
         "aliyun.com/gpu-mem",
-        string(_RESOURCE, "a resource name such as aliyun.com/gpu-mem"),
+        String(_RESOURCE, "a resource name such as aliyun.com/gpu-mem"),
         "the resource that makes a pod a GPU-memory pod",
     )
     memory_unit: MemoryUnit = setting(
-        "memoryUnit", "GiB", choice("GiB", "MiB"), "GiB or MiB: one unit of resourceName"
+        "memoryUnit", "GiB", Choice(("GiB", "MiB")), "GiB or MiB: one unit of resourceName"
     )
     gpu_memory: int = setting(
         "gpuMemory",
         16,
-        positive_int(2**40),
+        PositiveInt(2**40),
         "largest GPU, in memoryUnit, if nodes are unknown (16384 with MiB)",
     )
     shim: Shim = section("shim", Shim, "the interception library")
@@ -221,16 +222,16 @@ class Policy:
     multi_gpu: MultiGpu = section("multiGpu", MultiGpu, "pods spanning several GPUs")
     security: Security = section("security", Security, "what a GPU-memory pod may not do")
     exclude_namespaces: tuple[str, ...] = setting(
-        "excludeNamespaces", ("kube-system",), namespace_list, "pods here are never touched"
+        "excludeNamespaces", ("kube-system",), NamespaceList(), "pods here are never touched"
     )
     enforcement: Enforcement = setting(
-        "enforcement", "enforce", choice("enforce", "warn"), _ENFORCEMENT_DOC
+        "enforcement", "enforce", Choice(("enforce", "warn")), _ENFORCEMENT_DOC
     )
     namespaces: Named[NamespacePolicy] = by_name(
         "namespaces",
         NamespacePolicy,
         "per namespace: NAME: {enforcement: warn}; set only here, never by labels",
-        name=string(DNS_LABELS, "a namespace name"),
+        name=NAMESPACE,
     )
 
     @property
@@ -288,9 +289,14 @@ def _cross_check(policy: Policy) -> None:
         )
 
 
+def folder(path: str) -> str:
+    """``path`` with one trailing slash: folders compare by prefix ("/a/b/" is in "/a/")."""
+    return path.rstrip("/") + "/"
+
+
 def overlaps(path: str, other: str) -> bool:
     """True when one path is the other or lies inside it."""
-    a, b = path.rstrip("/") + "/", other.rstrip("/") + "/"
+    a, b = folder(path), folder(other)
     return a.startswith(b) or b.startswith(a)
 
 
@@ -302,6 +308,11 @@ def parse_policy_text(text: str, *, source: str = "policy") -> Policy:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(error, "problem", None) or "malformed YAML"
+        if isinstance(error, yaml.reader.ReaderError):  # a character YAML does not allow
+            where = f" at character {error.position + 1}"
+            found = error.character
+            shown = repr(chr(found) if isinstance(found, int) else found)
+            problem = f"{shown} is not allowed ({error.reason})"
         raise PolicyError(f"{source}: not valid YAML{where}: {problem}") from None
     try:
         return parse_policy(document)

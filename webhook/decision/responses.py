@@ -89,8 +89,8 @@ def _kept_whole(warnings: Sequence[str]) -> list[str]:
     room = MAX_WARNINGS_TEXT
     for warning in warnings[:MAX_WARNINGS]:
         text = warning if warning.isprintable() else _printable(warning)
-        if len(text) > room:
-            text = text[: max(room - 3, 0)] + "..."
+        if len(text) > room:  # room is 4 or more: see the break below
+            text = text[: room - 3] + "..."
         kept.append(text)
         room -= len(text)
         if room <= 3:

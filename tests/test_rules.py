@@ -1,0 +1,153 @@
+"""The rules, one case each: tests/rules/<topic>.yaml, a pod and the answer it must get.
+
+Each case states the rule it pins (``rule``), then the pod's ``spec`` (and
+``metadata`` over the usual name and namespace; or a whole ``object``),
+optionally a ``policy``
+(YAML text), the cluster's ``nodes`` (Node objects as the API serves them)
+and ``request`` fields over the usual CREATE of a Pod. ``answer`` is what
+the webhook says, through ``admit`` as the API server calls it: outcome,
+reason, HTTP code and message of a refusal, warnings, audit annotations and
+the patch, decoded. ``GOLDEN_UPDATE=1 pytest tests/test_rules.py`` rewrites
+the answers; read the diff before committing it.
+
+Where the goldens in tests/golden show whole AdmissionReviews for the
+common cases, these tables reach each rule in every position it can be met
+(the second container, an init container, the third env entry), at each
+side of every boundary, and in each shape the API server lets through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.helpers import apply, decode_patch, review
+from webhook.decision.admission import admit
+from webhook.decision.nodes import NodeStatus, NodeView, facts_of, view_of
+from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
+
+RULES = Path(__file__).parent / "rules"
+UPDATE = os.environ.get("GOLDEN_UPDATE") == "1"
+CASE_KEYS = {"rule", "spec", "metadata", "object", "policy", "nodes", "request", "answer"}
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    cases = yaml.safe_load(path.read_text())
+    assert isinstance(cases, list), f"{path.name}: a list of cases"
+    return cases
+
+
+FILES = sorted(RULES.glob("*.yaml"))
+CASES = [(path, index, case) for path in FILES for index, case in enumerate(_load(path))]
+
+
+def _id(path: Path, index: int, case: dict[str, Any]) -> str:
+    return f"{path.stem}-{index}"
+
+
+def _policy(case: dict[str, Any]) -> Policy:
+    text = case.get("policy")
+    return parse_policy_text(text) if text else DEFAULT_POLICY
+
+
+def _view(case: dict[str, Any], policy: Policy) -> NodeView:
+    nodes = case.get("nodes")
+    if nodes is None:
+        return NodeView()
+    return view_of([facts_of(n) for n in nodes], NodeStatus(synced=True), policy)
+
+
+def _request(case: dict[str, Any], obj: Any) -> dict[str, Any]:
+    body = review(obj)
+    body["request"].update(case.get("request") or {})
+    return body
+
+
+def _pod(case: dict[str, Any]) -> Any:
+    if "object" in case:  # an object that is not a pod of the usual form
+        return case["object"]
+    metadata = {"name": "train", "namespace": "team-a", **(case.get("metadata") or {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": case["spec"]}
+
+
+def answer_of(case: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The answer to the case's review, readable, and the patch's operations."""
+    policy = _policy(case)
+    result = admit(json.dumps(_request(case, _pod(case))).encode(), policy, _view(case, policy))
+    assert result.status == 200, result.body
+    response = result.body["response"]
+    assert json.loads(result.encode()) == result.body  # what goes on the wire
+    ops = decode_patch(response)
+    answer: dict[str, Any] = {"outcome": result.outcome}
+    if result.decision is not None and result.decision.reason:
+        answer["reason"] = result.decision.reason
+    status = response.get("status")
+    if status:
+        answer["code"] = status["code"]
+        answer["message"] = status["message"]
+    for key in ("warnings", "auditAnnotations"):
+        if key in response:
+            answer[key] = response[key]
+    if ops:
+        answer["patch"] = ops
+    return answer, ops
+
+
+@pytest.mark.parametrize(("path", "index", "case"), CASES, ids=[_id(*c) for c in CASES])
+def test_rule(path: Path, index: int, case: dict[str, Any]) -> None:
+    assert set(case) <= CASE_KEYS, f"unknown keys {sorted(set(case) - CASE_KEYS)}"
+    assert case.get("rule"), "every case states the rule it pins"
+    got, ops = answer_of(case)
+    if UPDATE:
+        _rewrite(path, index, got)
+    else:
+        assert got == case.get("answer"), case["rule"]
+    if ops:
+        # What the webhook set up, reviewed again, is left alone.
+        again = {k: v for k, v in case.items() if k not in ("spec", "metadata")}
+        again["object"] = apply(_pod(case), ops)
+        second, more = answer_of(again)
+        assert second["outcome"] in ("unchanged", "warned"), second
+        assert not more, more
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes policies as blocks of YAML, and names what several cases share (a node list)."""
+
+    def generate_anchor(self, node: yaml.Node) -> str:
+        self.last_anchor_id += 1
+        return "shared" if self.last_anchor_id == 1 else f"shared{self.last_anchor_id}"
+
+
+def _text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _text)
+
+
+def _rewrite(path: Path, index: int, answer: dict[str, Any]) -> None:
+    text = path.read_text()
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    cases = yaml.safe_load(text)
+    cases[index]["answer"] = answer
+    body = yaml.dump(
+        cases,
+        Dumper=_Dumper,
+        sort_keys=False,
+        allow_unicode=True,
+        width=100,
+        default_flow_style=None,
+    )
+    path.write_text(header + body)
+
+
+def test_each_rule_is_stated_once() -> None:
+    rules = [case.get("rule") for _, _, case in CASES]
+    assert len(rules) == len(set(rules)), "two cases state the same rule"
