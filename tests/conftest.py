@@ -17,10 +17,36 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from tests import gotools
-from tests.helpers import review
+from tests.helpers import MUTATION, review
 from webhook import tls
+
+if MUTATION:
+    # A mutant is killed or not the same way on every run: no random draws,
+    # no examples remembered from a run over another mutant.
+    settings.register_profile("mutation", derandomize=True, database=None)
+    settings.load_profile("mutation")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under mutation testing, forget what the decision worked out before each test.
+
+    mutmut runs each mutant's tests in a process forked from one that has
+    run the suite, and learns which tests reach a function by watching one
+    run of them all: a layout, a preload value or a policy's bounds
+    memoised by an earlier test would be served without its code running,
+    to the mutant and to the watching alike.
+    """
+    if not MUTATION:
+        return
+    for name, module in list(sys.modules.items()):
+        if name.startswith("webhook.decision") and module is not None:
+            for value in vars(module).values():
+                clear = getattr(value, "cache_clear", None)
+                if callable(clear):
+                    clear()
 
 
 @pytest.hookimpl(trylast=True)

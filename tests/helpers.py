@@ -15,6 +15,15 @@ import jsonpatch
 
 GPU = "aliyun.com/gpu-mem"
 
+# Set by tests/mutation.py: the suite runs once per mutant, so properties draw
+# fewer examples, always the same ones (tests/conftest.py's "mutation" profile).
+MUTATION = bool(os.environ.get("GPUSHARE_MUTATION"))
+
+
+def examples(usual: int) -> int:
+    """How many examples a property draws: a tenth under mutation testing."""
+    return max(10, usual // 10) if MUTATION else usual
+
 
 def container(name: str = "main", gpu: Any = None, **extra: Any) -> dict[str, Any]:
     c: dict[str, Any] = {"name": name, "image": "nvcr.io/nvidia/pytorch:24.05-py3"}

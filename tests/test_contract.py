@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import GPU, apply, container, pod
+from tests.helpers import GPU, apply, container, examples, pod
 from webhook.decision import contract
 from webhook.decision.layout import PINNED_KEPT, layout
 from webhook.decision.plan import plan
@@ -97,7 +97,7 @@ def configured(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, dict[str, str
     return obj, sources
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(configured())
 def test_every_pinned_variable_holds_whatever_env_and_env_from_say(
     case: tuple[dict[str, Any], dict[str, dict[str, str]]],

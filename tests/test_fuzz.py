@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Server
-from tests.helpers import GPU, container, decode_patch, pod, review
+from tests.helpers import GPU, container, decode_patch, examples, pod, review
 from webhook.decision.admission import admit
 from webhook.decision.policy import DEFAULT_POLICY
 
@@ -121,7 +121,7 @@ def mutated_reviews(draw: st.DrawFn) -> dict[str, Any]:
 
 
 # FUZZ_EXAMPLES=20000 python3 -m pytest tests/test_fuzz.py digs deeper than CI does.
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "300"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", examples(300)))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -139,7 +139,7 @@ def test_quantities_at_every_boundary(asks: list[tuple[str, Any]]) -> None:
     check_answer(request, json.dumps(request).encode())
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=300) | JSON.map(lambda v: json.dumps(v).encode()))
 def test_arbitrary_bodies_are_400_or_answered(body: bytes) -> None:
     result = admit(body, DEFAULT_POLICY)
@@ -185,7 +185,7 @@ HTTP_BODIES = (
 )
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     HTTP_BODIES,
     st.sampled_from(["application/json", "application/json; charset=utf-8", "text/plain", ""]),

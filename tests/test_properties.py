@@ -16,12 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import GPU, apply, container, decode_patch, pod, review
+from tests.helpers import GPU, apply, container, decode_patch, examples, pod, review
 from webhook.decision.admission import admit
 from webhook.decision.plan import STATUS_ANNOTATION, plan
 from webhook.decision.policy import DEFAULT_POLICY
 
 K8S_VERSION = "1.37.0"
+
 NAMES = st.from_regex(r"[a-z][a-z0-9]{0,8}", fullmatch=True)
 ENV_NAMES = st.sampled_from(["LD_PRELOAD", "CUDA_DEVICE_MEMORY_LIMIT", "MODEL", "HOME", "PATH"])
 ENV = st.lists(
@@ -72,7 +73,7 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pods())
 def test_patch_applies_validates_and_is_a_fixed_point(obj: dict[str, Any]) -> None:
     decision = plan(obj, DEFAULT_POLICY)
@@ -97,7 +98,7 @@ def test_patch_applies_validates_and_is_a_fixed_point(obj: dict[str, Any]) -> No
         assert names.count("CUDA_DEVICE_MEMORY_LIMIT") == 1
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.text(min_size=1, max_size=12), value=st.text(max_size=24))
 def test_the_patch_text_carries_any_name_and_value(name: str, value: str) -> None:
     # The patch is written as JSON text piece by piece (webhook.decision.patch):
