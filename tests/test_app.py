@@ -87,7 +87,7 @@ BAD_BODIES = [
     ),
     (b'{"kind":"AdmissionReview","kind":"AdmissionReview"}', "duplicate key 'kind'"),
     (b"[" * 100000, "nested too deeply"),
-    (b'{"a": NaN}', "kind is None"),
+    (b'{"a": NaN}', "kind is missing"),
 ]
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -132,3 +134,22 @@ def test_the_mutation_config_selects_only_tests_that_run_in_process() -> None:
             arguments = {arg.arg for arg in function.args.args}
             slow = {"server", "pki", "helm", "helm3", "promtool", "plane", "installed", "binaries"}
             assert not arguments & slow, f"{path}::{function.name} starts a server or a tool"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-children", "0"], "argument --max-children: a whole number of 1 or more, got '0'"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_careless_command_line_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.mutation", *args],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr == f"python3 -m tests.mutation: {message} (see --help)\n"

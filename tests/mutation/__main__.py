@@ -4,7 +4,8 @@ Options: ``--max-children N`` (default: every core), ``--keep`` (judge the
 results of the last run in ./mutants again, without running), ``--triage``
 (print the unexplained survivors as equivalent.yaml entries to judge).
 Exit 0 when every module kills at least 97% of its non-equivalent mutants
-and equivalent.yaml is true, 1 when not, 2 when mutmut cannot run.
+and equivalent.yaml is true, 1 when not, 2 when mutmut cannot run (or,
+with ``--keep``, there is no run to judge).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import NoReturn
 
 from tests import tools
 from tests.mutation import COLLECT, as_yaml, judge, load_equivalents, mutants_of, parse_rows, report
@@ -22,9 +24,20 @@ from tests.mutation import COLLECT, as_yaml, judge, load_equivalents, mutants_of
 ROOT = tools.ROOT
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
+def _workers(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of 1 or more, got {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m tests.mutation", description=__doc__)
-    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
+    parser = _Parser(prog="python3 -m tests.mutation", description=__doc__)
+    parser.add_argument("--max-children", type=_workers, default=os.cpu_count() or 1)
     parser.add_argument("--keep", action="store_true", help="judge the last run again")
     parser.add_argument("--triage", action="store_true", help="print survivors as YAML")
     args = parser.parse_args(argv)
@@ -34,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mutation: {err}", file=sys.stderr)
         return 2
     env = {**os.environ, "GPUSHARE_MUTATION": "1"}
+    if args.keep and not (ROOT / "mutants" / "mutmut-stats.json").exists():
+        print("mutation: no run to judge again in ./mutants; run without --keep", file=sys.stderr)
+        return 2
     if not args.keep:
         # A fresh run every time: mutmut reuses results for functions it
         # thinks unchanged, and cannot tell when only the tests have changed.

@@ -30,6 +30,10 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _shown(value: object) -> str:
+    return "missing" if value is None else repr(value)
+
+
 def decode(body: bytes) -> tuple[str, Request]:
     """Return (apiVersion, request) of an AdmissionReview body."""
     if not body:
@@ -48,10 +52,10 @@ def decode(body: bytes) -> tuple[str, Request]:
         raise ReviewError("body must be a JSON object (an AdmissionReview)")
     api_version, kind = review.get("apiVersion"), review.get("kind")
     if kind != "AdmissionReview":
-        raise ReviewError(f"kind is {kind!r}; expected 'AdmissionReview'")
+        raise ReviewError(f"kind is {_shown(kind)}; expected 'AdmissionReview'")
     if api_version not in API_VERSIONS:
         raise ReviewError(
-            f"apiVersion is {api_version!r}; expected one of {', '.join(API_VERSIONS)}"
+            f"apiVersion is {_shown(api_version)}; expected one of {', '.join(API_VERSIONS)}"
         )
     request = review.get("request")
     if not isinstance(request, dict):
