@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonpatch
+import yaml
 
 GPU = "aliyun.com/gpu-mem"
 
@@ -107,3 +108,37 @@ def eventually(check: Callable[[], object], timeout: float = 15.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"not true within {timeout}s")
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes many-line text (a policy) as a block, and names what cases share (a node list)."""
+
+    def generate_anchor(self, node: yaml.Node) -> str:
+        self.last_anchor_id += 1
+        return "shared" if self.last_anchor_id == 1 else f"shared{self.last_anchor_id}"
+
+
+def _text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _text)
+
+
+def rewrite_case(path: Path, index: int, key: str, value: Any) -> None:
+    """Set ``key`` of case ``index`` in a YAML list of cases (GOLDEN_UPDATE=1), keeping its
+    leading comment."""
+    text = path.read_text()
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    cases = yaml.safe_load(text)
+    cases[index][key] = value
+    body = yaml.dump(
+        cases,
+        Dumper=_Dumper,
+        sort_keys=False,
+        allow_unicode=True,
+        width=100,
+        default_flow_style=None,
+    )
+    path.write_text(header + body)

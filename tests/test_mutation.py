@@ -152,4 +152,5 @@ def test_a_careless_command_line_is_one_line_and_exit_2(args: list[str], message
         check=False,
     )
     assert done.returncode == 2
-    assert done.stderr == f"python3 -m tests.mutation: {message} (see --help)\n"
+    prog = "python3 -m tests.mutation"
+    assert done.stderr == f"{prog}: {message} (see {prog} --help)\n"

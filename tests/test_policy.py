@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import rewrite_case
 from webhook.decision.policy import DEFAULT_POLICY, dump_policy, parse_policy, parse_policy_text
 from webhook.errors import PolicyError
 
@@ -78,12 +79,7 @@ def test_errors_name_the_key(index: int) -> None:
     with pytest.raises(PolicyError) as caught:
         parse_policy_text(case["policy"], source="policy.yaml")
     if os.environ.get("GOLDEN_UPDATE") == "1":
-        cases = yaml.safe_load(ERRORS_FILE.read_text())
-        cases[index]["error"] = str(caught.value).removeprefix("policy.yaml: ")
-        header = "".join(
-            line + "\n" for line in ERRORS_FILE.read_text().splitlines() if line[:1] == "#"
-        )
-        ERRORS_FILE.write_text(header + yaml.safe_dump(cases, sort_keys=False, width=100))
+        rewrite_case(ERRORS_FILE, index, "error", str(caught.value).removeprefix("policy.yaml: "))
         return
     assert str(caught.value) == f"policy.yaml: {case['error']}"
 

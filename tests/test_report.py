@@ -105,14 +105,7 @@ def test_one_namespace_and_a_clean_one() -> None:
     ids=["empty", "truncated", "not-an-object", "no-kind", "no-name", "no-namespace"],
 )  # fmt: skip
 def test_malformed_or_partial_input_is_one_line_and_exit_2(text: str, message: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "webhook", "report", "--from", "-"],
-        input=text,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _report_of_stdin(text)
     assert done.returncode == 2
     assert done.stdout == ""
     (line,) = done.stderr.splitlines()
@@ -121,18 +114,22 @@ def test_malformed_or_partial_input_is_one_line_and_exit_2(text: str, message: s
 
 
 def test_a_truncated_saved_list_is_refused_whole() -> None:
-    partial = (HERE / "cluster.json").read_text()[:20000]
-    done = subprocess.run(
+    done = _report_of_stdin((HERE / "cluster.json").read_text()[:20000])
+    assert done.returncode == 2
+    assert "is not valid YAML or JSON" in done.stderr
+    assert len(done.stderr.splitlines()) == 1
+
+
+def _report_of_stdin(text: str) -> subprocess.CompletedProcess[str]:
+    """``report --from -`` run as a user runs it, reading ``text``."""
+    return subprocess.run(
         [sys.executable, "-m", "webhook", "report", "--from", "-"],
-        input=partial,
+        input=text,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert done.returncode == 2
-    assert "is not valid YAML or JSON" in done.stderr
-    assert len(done.stderr.splitlines()) == 1
 
 
 def _stored(obj: dict[str, Any], policy: Policy) -> dict[str, Any]:

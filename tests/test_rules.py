@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import apply, decode_patch, review
+from tests.helpers import apply, decode_patch, review, rewrite_case
 from webhook.decision.admission import admit
 from webhook.decision.nodes import NodeStatus, NodeView, facts_of, view_of
 from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
@@ -104,7 +104,7 @@ def test_rule(path: Path, index: int, case: dict[str, Any]) -> None:
     assert case.get("rule"), "every case states the rule it pins"
     got, ops = answer_of(case)
     if UPDATE:
-        _rewrite(path, index, got)
+        rewrite_case(path, index, "answer", got)
     else:
         assert got == case.get("answer"), case["rule"]
     if ops:
@@ -114,38 +114,6 @@ def test_rule(path: Path, index: int, case: dict[str, Any]) -> None:
         second, more = answer_of(again)
         assert second["outcome"] in ("unchanged", "warned"), second
         assert not more, more
-
-
-class _Dumper(yaml.SafeDumper):
-    """Writes policies as blocks of YAML, and names what several cases share (a node list)."""
-
-    def generate_anchor(self, node: yaml.Node) -> str:
-        self.last_anchor_id += 1
-        return "shared" if self.last_anchor_id == 1 else f"shared{self.last_anchor_id}"
-
-
-def _text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _text)
-
-
-def _rewrite(path: Path, index: int, answer: dict[str, Any]) -> None:
-    text = path.read_text()
-    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
-    cases = yaml.safe_load(text)
-    cases[index]["answer"] = answer
-    body = yaml.dump(
-        cases,
-        Dumper=_Dumper,
-        sort_keys=False,
-        allow_unicode=True,
-        width=100,
-        default_flow_style=None,
-    )
-    path.write_text(header + body)
 
 
 def test_each_rule_is_stated_once() -> None:

@@ -16,17 +16,12 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import NoReturn
 
 from tests import tools
 from tests.mutation import COLLECT, as_yaml, judge, load_equivalents, mutants_of, parse_rows, report
+from webhook.cli.args import OneLineParser
 
 ROOT = tools.ROOT
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see --help)\n")
 
 
 def _workers(text: str) -> int:
@@ -36,7 +31,7 @@ def _workers(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python3 -m tests.mutation", description=__doc__)
+    parser = OneLineParser(prog="python3 -m tests.mutation", description=__doc__)
     parser.add_argument("--max-children", type=_workers, default=os.cpu_count() or 1)
     parser.add_argument("--keep", action="store_true", help="judge the last run again")
     parser.add_argument("--triage", action="store_true", help="print survivors as YAML")

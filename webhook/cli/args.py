@@ -80,7 +80,7 @@ def label_selector(text: str) -> str:
 SERVE_DEFAULTS = {"workers": 2, "threads": 4, "read_timeout": 10.0}
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse, with a usage mistake said in one line (argparse prints the whole usage first)."""
 
     def error(self, message: str) -> NoReturn:
@@ -88,7 +88,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog=prog,
         description="Kubernetes admission webhook that makes GPU sharing safe.",
     )
