@@ -81,6 +81,19 @@ def test_the_longest_uid_and_absent_optional_fields_are_accepted() -> None:
     assert decode(body(namespace=None, name=None, subResource=None))[1]["namespace"] is None
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16", "utf-32"], ids=lambda e: e)
+def test_a_body_is_read_as_json_loads_reads_bytes(encoding: str) -> None:
+    """Any JSON encoding (RFC 8259's, and a BOM), and a lone surrogate written raw in UTF-8."""
+    envelope = review(pod(container(gpu="4")))
+    envelope["request"]["uid"] = "uid-\ud800"
+    text = json.dumps(envelope, ensure_ascii=False)
+    data = text.encode(encoding, "surrogatepass")
+    assert decode(data) == decode(json.dumps(envelope).encode())
+    result = admit(data, DEFAULT_POLICY)
+    assert (result.status, result.uid, result.outcome) == (200, "uid-\ud800", "mutated")
+    assert b'"uid":"uid-\\ud800"' in result.encode()
+
+
 @pytest.mark.parametrize(
     ("metadata", "request_name", "name"),
     [

@@ -15,8 +15,8 @@ from typing import Any
 
 from webhook.decision import responses
 from webhook.decision.decoding import decode
+from webhook.decision.jsontext import compact as compact_json
 from webhook.decision.nodes import NodeView
-from webhook.decision.patch import compact_json
 from webhook.decision.plan import Decision, plan, plan_ephemeral, untouched
 from webhook.decision.policy import Policy
 from webhook.decision.reviews import Request

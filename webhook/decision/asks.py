@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from webhook.decision.capacity import GpuLimits
-from webhook.decision.fields import EMPTY, container_label, containers, label, mapping
+from webhook.decision.fields import EMPTY, container_label, containers, label
 from webhook.decision.policy import Policy
 from webhook.decision.quantities import MemoryUnit, parse_quantity, plain_count, whole_count
-from webhook.errors import PodError, QuantityError
+from webhook.errors import PodError, QuantityError, ShapeError
 
 
 class ContainerAsk(NamedTuple):
@@ -41,17 +41,27 @@ class ContainerAsk(NamedTuple):
         return container_label(self.kind, self.name)
 
 
+# NB: as NamedTuple's own __new__ makes one, minus its Python frame (one per GPU container).
+_new = tuple.__new__
+
+
 def _resources(
     container: Mapping[str, Any], kind: str, index: int
 ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """(limits, requests) of a container, each {} when absent."""
-    if container.get("resources") is None:  # no path to build (it is only for messages)
+    resources = container.get("resources")
+    if resources is None:
         return EMPTY, EMPTY
-    path = f"spec.{kind}[{index}]"
-    resources = mapping(container, "resources", path=path, optional=False)
-    limits = mapping(resources, "limits", path=f"{path}.resources", optional=True)
-    requests = mapping(resources, "requests", path=f"{path}.resources", optional=True)
-    return limits, requests
+    # NB: the checks of fields.mapping, written out: the path a message names
+    # is built only for a message (for every GPU container it would cost
+    # more than the checks).
+    if not isinstance(resources, dict):
+        raise ShapeError(f"spec.{kind}[{index}].resources", "an object", resources)
+    limits, requests = resources.get("limits"), resources.get("requests")
+    for key, value in (("limits", limits), ("requests", requests)):
+        if value is not None and not isinstance(value, dict):
+            raise ShapeError(f"spec.{kind}[{index}].resources.{key}", "an object", value)
+    return (EMPTY if limits is None else limits), (EMPTY if requests is None else requests)
 
 
 def _resource(
@@ -191,7 +201,8 @@ def _ask(
     else:
         compute = _default_compute(memory, policy, limits)
     asked = compute_raw is not None
-    return ContainerAsk(kind, index, str(container.get("name")), memory, gpus, compute, asked)
+    name = str(container.get("name"))
+    return _new(ContainerAsk, (kind, index, name, memory, gpus, compute, asked))
 
 
 def _label_count(labels: Mapping[str, Any], name: str) -> int | None:

@@ -212,7 +212,7 @@ def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits, found
 def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout, found: Problems) -> None:
     """The pod's own volumes: none may take a name of ours or mount the shim's host path."""
     ours = {volume.data["name"]: volume.data for volume in layout.volumes}
-    for index, volume in enumerate(_listed(spec, "volumes", "spec", found)):
+    for index, volume in enumerate(_listed(spec, "volumes", None, found)):
         if not isinstance(volume, dict):
             found.append(ShapeError(f"spec.volumes[{index}]", "a volume object", volume))
             continue
@@ -255,11 +255,10 @@ def check_mounts(
     container: Mapping[str, Any], ask: ContainerAsk, layout: Layout, found: Problems
 ) -> None:
     """No mount of the container may replace or hide what the webhook mounts, nor move it."""
-    wanted = {(mount.entry.data["name"], mount.path): mount for mount in layout.mounts}
-    holds = {mount.path: mount.holds for mount in layout.mounts}
+    placed, holds = layout.placed, layout.holds
     shim_dir = layout.mount_dir
     ours: set[str] = set()
-    for index, mount in enumerate(_listed(container, "volumeMounts", _path(ask), found)):
+    for index, mount in enumerate(_listed(container, "volumeMounts", ask, found)):
         if not isinstance(mount, dict):
             found.append(
                 ShapeError(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
@@ -268,7 +267,7 @@ def check_mounts(
         path = mount_key(mount)
         name = mount.get("name")
         name = name if isinstance(name, str) else repr(name)  # a name the API server refuses
-        if (name, path) in wanted and path not in ours:
+        if (name, path) in placed and path not in ours:
             ours.add(path)
         elif name in layout.volume_names:
             found.append(
@@ -301,7 +300,7 @@ def check_mounts(
 
 def check_env(container: Mapping[str, Any], ask: ContainerAsk, found: Problems) -> None:
     """Every env entry has a string name, and LD_PRELOAD a value the webhook can read."""
-    for index, entry in enumerate(_listed(container, "env", _path(ask), found)):
+    for index, entry in enumerate(_listed(container, "env", ask, found)):
         name = entry.get("name") if isinstance(entry, dict) else None
         if type(name) is not str:
             found.append(
@@ -324,16 +323,18 @@ def check_annotations(metadata: Mapping[str, Any], found: Problems) -> None:
         found.append(error)
 
 
-def _path(ask: ContainerAsk) -> str:
-    """The container's field path, for a message: spec.initContainers[0]."""
-    return f"spec.{ask.kind}[{ask.position}]"
+def _listed(
+    parent: Mapping[str, Any], key: str, owner: ContainerAsk | None, found: Problems
+) -> list[Any]:
+    """A list field as ``fields.listed`` reads it; one of another shape is a problem, read as [].
 
-
-def _listed(parent: Mapping[str, Any], key: str, path: str, found: Problems) -> list[Any]:
-    """A list field as ``fields.listed`` reads it; one of another shape is a problem, read as []."""
+    ``owner`` is the container the field is in (None: the spec), for the
+    path the message names: spec.initContainers[0].env.
+    """
     value = parent.get(key)
     if type(value) is list:
         return value
     if value is not None:
+        path = "spec" if owner is None else f"spec.{owner.kind}[{owner.position}]"
         found.append(ShapeError(f"{path}.{key}", "a list", value))
     return []

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.decision import patch
+from webhook.decision import jsontext, patch
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.checks import mount_key
 from webhook.decision.layout import PRELOAD, STATUS_ANNOTATION, Layout
@@ -122,13 +122,18 @@ def env_ops(
             )
             removed.append(index)
     preload = _preload(user_preload, layout.preload)
-    if preload_at >= 0 and env[preload_at] != {"name": PRELOAD, "value": preload}:
-        replaced.append((preload_at, PRELOAD, preload))
-        replaced.sort()  # by index: no two entries share one
+    if preload_at >= 0:
+        current = env[preload_at]  # anything but {"name": PRELOAD, "value": preload} is replaced
+        if len(current) != 2 or current.get("value") != preload:
+            replaced.append((preload_at, PRELOAD, preload))
+            replaced.sort()  # by index: no two entries share one
     ops = [patch.replace(f"{base}/env/{i}", _entry(name, value)) for i, name, value in replaced]
-    ops += [patch.remove(f"{base}/env/{index}") for index in reversed(removed)]
+    if removed:
+        ops += [patch.remove(f"{base}/env/{index}") for index in reversed(removed)]
     append = f"{base}/env/-"
-    ops += [patch.add(append, e) for e in pinned.entries if e.data["name"] not in seen]
+    for pinned_entry in pinned.entries:
+        if pinned_entry.data["name"] not in seen:
+            ops.append(patch.add(append, pinned_entry))
     if preload_at < 0:
         ops.append(patch.add(append, _entry(PRELOAD, preload)))
     return ops
@@ -163,7 +168,7 @@ def annotation_ops(
         "demand": f"{demand}{policy.memory_unit}",
         "containers": containers,
     }
-    value = patch.sorted_ascii_json(record)  # the annotation's value is a string of JSON
+    value = jsontext.sorted_compact(record)  # the annotation's value is a string of JSON
     annotations = metadata.get("annotations")
     if annotations is None:
         ours = {STATUS_ANNOTATION: value}

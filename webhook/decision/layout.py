@@ -50,7 +50,8 @@ class Layout:
     volume_names: frozenset[str]
     mount_dir: str  # the shim's mount path with one trailing slash, to compare paths
     mounts: tuple[Mount, ...]
-    mount_paths: frozenset[str]
+    placed: frozenset[tuple[str, str]]  # (volume, path) of each of our mounts
+    holds: Mapping[str, str]  # what is mounted at each of our paths, for messages
     memory_limit: str
     sm_limit: str
     shadow: re.Pattern[str]  # per-device variants of the limits (CUDA_DEVICE_MEMORY_LIMIT_3)
@@ -132,7 +133,8 @@ def layout(shim: Shim, env: EnvNames, mib_per_unit: int) -> Layout:
         volume_names=frozenset(str(volume["name"]) for volume in volumes),
         mount_dir=mounts[0].path,
         mounts=tuple(mounts),
-        mount_paths=frozenset(m.path for m in mounts),
+        placed=frozenset((str(m.entry.data["name"]), m.path) for m in mounts),
+        holds={m.path: m.holds for m in mounts},
         memory_limit=env.memory_limit,
         sm_limit=env.sm_limit,
         shadow=re.compile(rf"({names})_\d+"),

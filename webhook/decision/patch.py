@@ -13,29 +13,21 @@ and :func:`plain` into the dicts a JSON Patch library applies.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
+from webhook.decision import jsontext
+
 # NB: everything the webhook writes as JSON is ASCII, with the rest escaped:
 # a review (its uid, a value the patch carries) or a policy may hold a lone
 # surrogate (written "\ud800"), which has no UTF-8 form; escaped, it goes
 # back to the apiserver as it came. (ASCII output is no slower to make.)
-# What is encoded is trees built from parsed JSON, which have no cycles to
-# look for; the search costs a fifth of encoding a patch. Built once:
-# json.dumps with options makes a new encoder on every call.
-sorted_ascii_json = json.JSONEncoder(
-    separators=(",", ":"), check_circular=False, sort_keys=True
-).encode
-
-
-compact_json = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
-
-
-_string = json.encoder.encode_basestring_ascii  # a JSON string literal, quotes included
+compact_json = jsontext.compact
+_string = jsontext.string  # a JSON string literal, quotes included
 
 
 class EnvVar(NamedTuple):
@@ -96,16 +88,21 @@ def escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
+# NB: made with tuple.__new__, as NamedTuple's own __new__ does, minus its
+# Python frame: a pod gets a few ops for every container.
+_new = tuple.__new__
+
+
 def add(path: str, value: Value) -> Op:
-    return Op("add", path, value)
+    return _new(Op, ("add", path, value))
 
 
 def replace(path: str, value: Value) -> Op:
-    return Op("replace", path, value)
+    return _new(Op, ("replace", path, value))
 
 
 def remove(path: str) -> Op:
-    return Op("remove", path)
+    return _new(Op, ("remove", path, None))
 
 
 def set_field(parent: Mapping[str, Any], key: str, base: str, value: Value) -> Op:
@@ -139,7 +136,8 @@ def to_json(ops: Sequence[Op]) -> str:
         "["
         + ",".join(
             [
-                value.op_text(op, path)
+                # A Fixed value's op text is nearly always kept already: no call to look it up.
+                (value._ops.get((op, path)) or value.op_text(op, path))
                 if type(value) is Fixed
                 else f'{{"op":"{op}","path":{_string(path)},"value":{_value(value)}}}'
                 if op != "remove"
@@ -153,7 +151,7 @@ def to_json(ops: Sequence[Op]) -> str:
 
 def encode(ops: Sequence[Op]) -> str:
     """The patch as the apiserver wants it: base64 of the JSON array."""
-    return base64.b64encode(to_json(ops).encode("ascii")).decode("ascii")
+    return binascii.b2a_base64(to_json(ops).encode("ascii"), newline=False).decode("ascii")
 
 
 def plain(ops: Sequence[Op]) -> tuple[dict[str, Any], ...]:

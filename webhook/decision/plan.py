@@ -169,7 +169,8 @@ def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return False
-    names = (policy.resource_name, policy.compute.resource_name, policy.multi_gpu.resource_name)
+    memory, compute = policy.resource_name, policy.compute.resource_name
+    count = policy.multi_gpu.resource_name
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
         if not isinstance(containers, list):
@@ -180,7 +181,9 @@ def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
                 continue
             for section in ("limits", "requests"):
                 values = resources.get(section)
-                if isinstance(values, dict) and any(name in values for name in names):
+                if isinstance(values, dict) and (
+                    memory in values or compute in values or count in values
+                ):
                     return True
     return False
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from webhook.decision import patch
-from webhook.decision.patch import Op, compact_json
+from webhook.decision.jsontext import compact as compact_json
+from webhook.decision.jsontext import string
+from webhook.decision.patch import Op
 from webhook.decision.reviews import Response, Review
 
 # The API server keeps warnings whole while they add up to 4 KiB, and past
@@ -116,8 +118,10 @@ def encode(review: Review) -> bytes:
     if response is None or "patch" not in response:
         return compact_json(review).encode("ascii")
     fields = [
-        f'"patch":"{value}"' if key == "patch" else f"{compact_json(key)}:{compact_json(value)}"
+        f'"patch":"{value}"'
+        if key == "patch"
+        else f"{string(key)}:{string(value) if type(value) is str else compact_json(value)}"
         for key, value in response.items()
     ]
-    head = f'{{"apiVersion":{compact_json(review["apiVersion"])},"kind":"AdmissionReview"'
+    head = f'{{"apiVersion":{string(review["apiVersion"])},"kind":"AdmissionReview"'
     return f'{head},"response":{{{",".join(fields)}}}}}'.encode("ascii")

@@ -9,10 +9,11 @@ nothing here ever logs a pod spec.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
 from typing import Any, Literal, TextIO
+
+from webhook.decision import jsontext
 
 LogFormat = Literal["json", "text"]
 
@@ -25,7 +26,7 @@ class JsonFormatter(logging.Formatter):
     are formatted once a second.
     """
 
-    _encode = json.JSONEncoder(ensure_ascii=False, default=str).encode
+    _encode = staticmethod(jsontext.encoder(ascii_only=False, separators=(", ", ": "), default=str))
 
     def __init__(self) -> None:
         super().__init__()

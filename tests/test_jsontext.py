@@ -1,0 +1,71 @@
+"""The encoders made once write what the standard library's encoder writes with the same options."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import pytest
+
+from webhook.decision import jsontext
+
+VALUES: list[Any] = [
+    "plain",
+    'quote " backslash \\ newline \n tab \t',
+    "lone surrogate \ud800 and é and 雪",
+    "",
+    0,
+    -7,
+    2**70,
+    1.5,
+    1e300,
+    True,
+    False,
+    None,
+    [],
+    {},
+    [1, "two", None, [3.0]],
+    {"b": 1, "a": {"z": [True, {"é": "\u2028"}], "y": None}},
+    {"gpushare-webhook.io/status": '{"demand":"4GiB"}', "decision": "mutated"},
+    {"name": "gpushare-shim", "hostPath": {"path": "/usr/local/vgpu", "type": "Directory"}},
+]
+
+OPTIONS: list[dict[str, Any]] = [
+    {},
+    {"sort_keys": True},
+    {"ascii_only": False, "separators": (", ", ": ")},
+]
+
+
+def _stdlib(options: dict[str, Any]) -> Any:
+    return json.JSONEncoder(
+        ensure_ascii=options.get("ascii_only", True),
+        sort_keys=options.get("sort_keys", False),
+        separators=options.get("separators", (",", ":")),
+        check_circular=False,
+        default=options.get("default"),
+    ).encode
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=str)
+@pytest.mark.parametrize("value", VALUES, ids=repr)
+def test_each_encoder_writes_what_the_standard_encoder_writes(
+    options: dict[str, Any], value: Any
+) -> None:
+    assert jsontext.encoder(**options)(value) == _stdlib(options)(value)
+
+
+def test_the_shared_encoders_are_compact_ascii_and_sorted_compact_ascii() -> None:
+    value = VALUES[-3]
+    assert jsontext.compact(value) == _stdlib({})(value)
+    assert jsontext.sorted_compact(value) == _stdlib({"sort_keys": True})(value)
+    assert jsontext.string('é"') == json.dumps('é"')
+
+
+def test_a_value_json_has_no_form_for_goes_through_default_or_is_refused() -> None:
+    when = dt.datetime(2026, 12, 4, tzinfo=dt.UTC)
+    assert jsontext.encoder(default=str)({"at": when}) == '{"at":"2026-12-04 00:00:00+00:00"}'
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        jsontext.compact({"at": when})
+    assert jsontext.compact(float("nan")) == json.dumps(float("nan")) == "NaN"
