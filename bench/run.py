@@ -43,6 +43,7 @@ from bench.reviews import gpu_pod, mix, review  # noqa: E402
 from webhook import tls  # noqa: E402
 from webhook.decision.admission import admit  # noqa: E402
 from webhook.decision.capacity import GpuNode  # noqa: E402
+from webhook.decision.nodes import NodeView  # noqa: E402
 from webhook.decision.policy import DEFAULT_POLICY  # noqa: E402
 
 
@@ -219,10 +220,14 @@ def decision_us(bodies: list[bytes], rounds: int) -> dict[str, float]:
         b for b in bodies if json.loads(b)["request"]["object"]["spec"]["containers"].__len__() == 8
     )
     # With --watch-nodes (as deployed) every pod is bounded by the nodes it may run on.
-    nodes = tuple(
-        GpuNode(f"gpu-{i}", 80 if i % 4 else 24, 8, {"pool": f"p{i % 4}", "host": f"gpu-{i}"})
-        for i in range(500)
+    nodes = NodeView(
+        [
+            GpuNode(f"gpu-{i}", 80 if i % 4 else 24, 8, {"pool": f"p{i % 4}", "host": f"gpu-{i}"})
+            for i in range(500)
+        ]
     )
+    # A view is what the server hands admit (a tuple of nodes would be answered as a bug).
+    assert admit(body, DEFAULT_POLICY, nodes).outcome == admit(body, DEFAULT_POLICY).outcome
     sample = bodies[::7]  # a seventh of the mix: every kind of review in its share
     subjects: dict[str, Any] = {
         "webhook": lambda: admit(body, DEFAULT_POLICY).encode(),
