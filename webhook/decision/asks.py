@@ -57,11 +57,17 @@ def _resources(
     # more than the checks).
     if not isinstance(resources, dict):
         raise ShapeError(f"spec.{kind}[{index}].resources", "an object", resources)
-    limits, requests = resources.get("limits"), resources.get("requests")
-    for key, value in (("limits", limits), ("requests", requests)):
-        if value is not None and not isinstance(value, dict):
-            raise ShapeError(f"spec.{kind}[{index}].resources.{key}", "an object", value)
-    return (EMPTY if limits is None else limits), (EMPTY if requests is None else requests)
+    limits = resources.get("limits")
+    if limits is None:
+        limits = EMPTY
+    elif not isinstance(limits, dict):
+        raise ShapeError(f"spec.{kind}[{index}].resources.limits", "an object", limits)
+    requests = resources.get("requests")
+    if requests is None:
+        requests = EMPTY
+    elif not isinstance(requests, dict):
+        raise ShapeError(f"spec.{kind}[{index}].resources.requests", "an object", requests)
+    return limits, requests
 
 
 def _resource(

@@ -142,33 +142,29 @@ def env_ops(
 _entry = EnvVar
 
 
-@functools.lru_cache(maxsize=256)
-def _preload(user_value: str, shim: str) -> str:
+def _preloaded(user_value: str, shim: str) -> str:
     """LD_PRELOAD with the shim first, then the user's libraries (the shim once)."""
     # ld.so splits LD_PRELOAD on spaces and colons alike.
     others = [item for item in re.split(r"[:\s]+", user_value) if item and item != shim]
     return ":".join([shim, *others])
 
 
+# Made by a call, not with decorator syntax, which mutation testing skips.
+_preload = functools.lru_cache(maxsize=256)(_preloaded)
+
+
 def annotation_ops(
     metadata: Mapping[str, Any], asks: list[ContainerAsk], policy: Policy, demand: int
 ) -> list[Op]:
     """The status annotation: what the webhook set, for people and for ``report``-like tools."""
-    containers: dict[str, dict[str, Any]] = {}
-    for ask in asks:
-        entry: dict[str, Any] = {"memory": f"{ask.memory * policy.mib_per_unit}m"}
-        if ask.gpus > 1:
-            entry["gpus"] = ask.gpus
-        if ask.compute is not None:
-            entry["compute"] = ask.compute
-        containers[ask.name] = entry
-    record = {
-        "scheduler": policy.scheduler_name,
-        "shim": policy.shim.preload,
-        "demand": f"{demand}{policy.memory_unit}",
-        "containers": containers,
-    }
-    value = jsontext.sorted_compact(record)  # the annotation's value is a string of JSON
+    value = _status(
+        tuple(asks),
+        demand,
+        scheduler=policy.scheduler_name,
+        shim=policy.shim.preload,
+        unit=policy.memory_unit,
+        mib_per_unit=policy.mib_per_unit,
+    )
     annotations = metadata.get("annotations")
     if annotations is None:
         ours = {STATUS_ANNOTATION: value}
@@ -178,3 +174,36 @@ def annotation_ops(
     if annotations.get(STATUS_ANNOTATION) == value:
         return []
     return [patch.set_field(annotations, STATUS_ANNOTATION, "/metadata/annotations", value)]
+
+
+def _status_text(
+    asks: tuple[ContainerAsk, ...],
+    demand: int,
+    *,
+    scheduler: str,
+    shim: str,
+    unit: str,
+    mib_per_unit: int,
+) -> str:
+    """The annotation's value: a string of JSON, its keys sorted."""
+    containers: dict[str, dict[str, Any]] = {}
+    for ask in asks:
+        entry: dict[str, Any] = {"memory": f"{ask.memory * mib_per_unit}m"}
+        if ask.gpus > 1:
+            entry["gpus"] = ask.gpus
+        if ask.compute is not None:
+            entry["compute"] = ask.compute
+        containers[ask.name] = entry
+    record = {
+        "scheduler": scheduler,
+        "shim": shim,
+        "demand": f"{demand}{unit}",
+        "containers": containers,
+    }
+    return jsontext.sorted_compact(record)
+
+
+# NB: the pods of one workload ask alike, so their status reads alike: written
+# once (its JSON costs more than all the rest of the pod's annotation ops).
+# Made by a call, not with decorator syntax, which mutation testing skips.
+_status = functools.lru_cache(maxsize=1024)(_status_text)

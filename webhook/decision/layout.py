@@ -106,10 +106,7 @@ def _mount(volume: str, path: str, holds: str, sub_path: str = "") -> Mount:
     return Mount(folder(path), Fixed(entry), holds)
 
 
-# NB: a memo keyed by the (frozen, hashable) parts of a policy that shape the
-# layout: a policy reload with the same shim and names reuses it.
-@functools.lru_cache(maxsize=16)
-def layout(shim: Shim, env: EnvNames, mib_per_unit: int) -> Layout:
+def _layout(shim: Shim, env: EnvNames, mib_per_unit: int) -> Layout:
     volumes = [{"name": VOLUME_NAME, "hostPath": {"path": shim.host_path, "type": "Directory"}}]
     mounts = [_mount(VOLUME_NAME, shim.mount_path, "the GPU shim")]
     if shim.ld_so_preload:
@@ -140,3 +137,9 @@ def layout(shim: Shim, env: EnvNames, mib_per_unit: int) -> Layout:
         shadow=re.compile(rf"({names})_\d+"),
         mib_per_unit=mib_per_unit,
     )
+
+
+# NB: a memo keyed by the (frozen, hashable) parts of a policy that shape the
+# layout: a policy reload with the same shim and names reuses it. Made by a
+# call, not with decorator syntax, which mutation testing skips (docs/mutation.md).
+layout = functools.lru_cache(maxsize=16)(_layout)

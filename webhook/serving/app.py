@@ -143,7 +143,7 @@ class Mutate:
         elapsed = time.perf_counter() - started
         if state.metrics is not None:
             state.metrics.observe(result, elapsed, fallback=bool(view.note), policy=policy)
-        _log_admission(result, elapsed)
+        log_admission(result, elapsed)
         return result.status, result.encode(), []
 
     def _read(self, environ: dict[str, Any]) -> bytes | Answer:
@@ -176,7 +176,7 @@ def _error(status: int, message: str) -> Answer:
     return status, json.dumps({"error": message}).encode(), []
 
 
-def _log_admission(result: Result, seconds: float) -> None:
+def log_admission(result: Result, seconds: float) -> None:
     """One line per review: who, what was decided and why, how long. Never the pod itself."""
     if result.trace:
         log.error("admission of %s/%s failed: %s", result.namespace, result.name, result.trace)
