@@ -89,6 +89,12 @@ class Server:
     log: Path
     host: str = "localhost"
 
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        stop_server(self)
+
     def context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca))
 

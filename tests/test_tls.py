@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from tests.conftest import Server, free_port, start_server, stop_server
+from tests.conftest import Server, free_port, start_server
 from webhook import tls
 from webhook.errors import CertificateError
 
@@ -170,13 +170,12 @@ def test_server_picks_up_rotated_files_without_restart(tmp_path: Path) -> None:
     live = tmp_path / "live"
     issued = tls.ensure_certificates(tmp_path / "pki", dns_names=["localhost"])
     shutil.copytree(tmp_path / "pki", live)
-    server = start_server(
+    with start_server(
         ["--cert", str(live / "tls.crt"), "--key", str(live / "tls.key"), "--workers", "1"],
         ca=issued.ca,
         log=tmp_path / "log",
         port=free_port(),
-    )
-    try:
+    ) as server:
         before = served_serial(server, issued.ca)
         keep = server.connect()
         keep.request("GET", "/healthz")
@@ -204,5 +203,3 @@ def test_server_picks_up_rotated_files_without_restart(tmp_path: Path) -> None:
         (live / "tls.crt").unlink()
         time.sleep(1.5)
         assert served_serial(server, issued.ca) == new_cert.serial_number
-    finally:
-        stop_server(server)

@@ -160,14 +160,13 @@ def test_without_nodes_the_policy_bounds_and_a_warning_says_so(
 ) -> None:
     """A ServiceAccount the node RBAC does not cover: the API server's 403 reaches the answer."""
     kubeconfig = service_account_kubeconfig(installed.plane, "default", tmp_path)
-    running = start_server(
+    with start_server(
         ["--cert", str(pki.cert), "--key", str(pki.key), "--workers", "1",
          "--watch-nodes", "--kubeconfig", str(kubeconfig)],
         ca=pki.ca,
         log=tmp_path / "server.log",
         port=free_port(),
-    )  # fmt: skip
-    try:
+    ) as running:  # fmt: skip
         answer = running.ask(pod(container(gpu="8")))
         assert answer["allowed"] is True
         (warning,) = answer["warnings"]  # type: ignore[misc]
@@ -178,8 +177,6 @@ def test_without_nodes_the_policy_bounds_and_a_warning_says_so(
         assert values["gpushare_gpu_size_fallback_reviews_total"] >= 1
         assert values["gpushare_node_watch_connected"] == 0
         assert "forbidden to list or watch nodes" in running.log.read_text()
-    finally:
-        stop_server(running)
 
 
 def test_one_watch_for_the_server_in_a_process_of_its_own(
@@ -198,23 +195,19 @@ def test_one_watch_for_the_server_in_a_process_of_its_own(
 def test_a_node_selector_narrows_what_is_watched(
     installed: Installed, cluster: Cluster, tmp_path: Path, pki: tls.Issued
 ) -> None:
-    running = start_watching(
+    with start_watching(
         pki, installed.webhook_kubeconfig, tmp_path / "server.log", "--node-selector=pool=t4"
-    )
-    try:
+    ) as running:
         assert running.metrics()["gpushare_nodes_known"] == 1
         answer = running.ask(pod(container(gpu="17")))
         assert answer["allowed"] is False
         assert "the largest GPU has 16 GiB (1 node of the cluster's GPU nodes)" in str(answer)
-    finally:
-        stop_server(running)
 
 
 def test_a_dead_watch_fails_liveness_and_keeps_the_nodes_it_knew(
     installed: Installed, cluster: Cluster, tmp_path: Path, pki: tls.Issued
 ) -> None:
-    running = start_watching(pki, installed.webhook_kubeconfig, tmp_path / "server.log")
-    try:
+    with start_watching(pki, installed.webhook_kubeconfig, tmp_path / "server.log") as running:
         assert running.request("GET", "/healthz")[0] == 200
         os.kill(watch_pid(running.log), signal.SIGKILL)
         eventually(lambda: running.request("GET", "/healthz")[0] == 503)
@@ -229,8 +222,6 @@ def test_a_dead_watch_fails_liveness_and_keeps_the_nodes_it_knew(
         values = running.metrics()
         assert values["gpushare_node_watch_connected"] == 0
         assert values["gpushare_gpu_sizes_from_policy"] == 0
-    finally:
-        stop_server(running)
 
 
 def test_the_watch_ends_with_its_server(

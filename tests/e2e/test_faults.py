@@ -280,8 +280,7 @@ def test_kubernetes_api_down_slow_or_failing_keeps_the_last_nodes(
 ) -> None:
     with serve(tmp_path) as (api, kubeconfig):
         api.put_node("a100-1", memory=80, count=2)
-        server = start_watching(pki, kubeconfig, tmp_path / "server.log", workers=1)
-        try:
+        with start_watching(pki, kubeconfig, tmp_path / "server.log", workers=1) as server:
             assert server.ask(pod(container(gpu="40")))["allowed"] is True
             assert server.metrics()["gpushare_node_watch_connected"] == 1
             broken(api)
@@ -295,8 +294,6 @@ def test_kubernetes_api_down_slow_or_failing_keeps_the_last_nodes(
             healed(api)
             eventually(lambda: server.metrics()["gpushare_node_watch_connected"] == 1, 45)
             eventually(lambda: server.metrics()["gpushare_gpu_nodes"] == 2)
-        finally:
-            stop_server(server)
 
 
 def broken(api: FakeApi) -> None:

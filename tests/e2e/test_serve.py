@@ -110,11 +110,10 @@ def test_dev_certificate_is_made_once_and_reused(tmp_path: Path) -> None:
     certs = tmp_path / "certs"
     port = free_port()
     log = tmp_path / "dev.log"
-    running = start_server(["--certs-dir", str(certs)], ca=certs / "ca.crt", log=log, port=port)
-    try:
+    with start_server(
+        ["--certs-dir", str(certs)], ca=certs / "ca.crt", log=log, port=port
+    ) as running:
         assert running.request("GET", "/healthz")[0] == 200
-    finally:
-        stop_server(running)
     text = log.read_text()
     assert f"CA: {certs}/ca.crt" in text
     assert f"curl --cacert {certs}/ca.crt https://localhost:{port}/healthz" in text
@@ -228,13 +227,10 @@ def test_access_lines_only_with_access_log(server: Server, tmp_path: Path) -> No
     assert "GET /healthz HTTP/1.1" not in server.log.read_text()
     certs = tmp_path / "certs"
     log = tmp_path / "access.log"
-    running = start_server(
+    with start_server(
         ["--certs-dir", str(certs), "--access-log"], ca=certs / "ca.crt", log=log, port=free_port()
-    )
-    try:
+    ) as running:
         assert running.request("GET", "/healthz")[0] == 200
-    finally:
-        stop_server(running)
     assert "GET /healthz HTTP/1.1" in log.read_text()
 
 
