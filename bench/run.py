@@ -8,7 +8,9 @@ own certificates) and the floor (``bench/floor.py``: json.loads and a fixed
 answer, same gunicorn and TLS settings), alternates trials of each at
 concurrency 1, 8 and 32 with fresh keep-alive connections per trial, and
 reports medians and the median ratio of back-to-back trials. Also measures
-the pure decision against a json round trip, worker RSS, and start-up time.
+the pure decision against a json round trip (and where a review of the mix
+goes: reading, deciding, writing the answer, the log line), worker RSS, and
+start-up time.
 Writes bench/results.json.
 The load comes from wrk (a compiled generator, ``bench/wrk.lua`` for the
 POST bodies) when it is on the PATH (Debian: ``apt-get install wrk``), else
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import logging
 import os
 import resource
 import shutil
@@ -41,10 +44,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench.reviews import gpu_pod, mix, review  # noqa: E402
 from webhook import tls  # noqa: E402
-from webhook.decision.admission import admit  # noqa: E402
+from webhook.decision.admission import admit, decide  # noqa: E402
 from webhook.decision.capacity import GpuNode  # noqa: E402
+from webhook.decision.decoding import decode  # noqa: E402
 from webhook.decision.nodes import NodeView  # noqa: E402
 from webhook.decision.policy import DEFAULT_POLICY  # noqa: E402
+from webhook.serving import logs  # noqa: E402
+from webhook.serving.app import log_admission  # noqa: E402
 
 
 def free_port() -> int:
@@ -215,6 +221,17 @@ def paired(webhook: list[dict[str, Any]], floor: list[dict[str, Any]]) -> dict[s
     }
 
 
+def _audit_lines_to(fd: int) -> None:
+    """Write this process's admission log lines as ``serve`` does (JSON, one write each) to fd."""
+    logs.skip_unused_record_fields()
+    handler = logs.LineHandler(fd)
+    handler.setFormatter(logs.JsonFormatter())
+    audit = logging.getLogger("gpushare_webhook.admission")
+    audit.handlers[:] = [handler]
+    audit.setLevel(logging.INFO)
+    audit.propagate = False
+
+
 def decision_us(bodies: list[bytes], rounds: int) -> dict[str, float]:
     body = next(
         b for b in bodies if json.loads(b)["request"]["object"]["spec"]["containers"].__len__() == 8
@@ -229,11 +246,19 @@ def decision_us(bodies: list[bytes], rounds: int) -> dict[str, float]:
     # A view is what the server hands admit (a tuple of nodes would be answered as a bug).
     assert admit(body, DEFAULT_POLICY, nodes).outcome == admit(body, DEFAULT_POLICY).outcome
     sample = bodies[::7]  # a seventh of the mix: every kind of review in its share
+    requests = [decode(b)[1] for b in sample]
+    _audit_lines_to(os.open(os.devnull, os.O_WRONLY))
+    answered = [admit(b, DEFAULT_POLICY) for b in sample]
     subjects: dict[str, Any] = {
         "webhook": lambda: admit(body, DEFAULT_POLICY).encode(),
         "floor": lambda: json.dumps(json.loads(body)).encode(),
         "webhook_500_nodes": lambda: admit(body, DEFAULT_POLICY, nodes).encode(),
         "mix": lambda: [admit(b, DEFAULT_POLICY).encode() for b in sample],
+        # Where a review of the mix goes: read, decided, and its log line.
+        "mix_json_loads": lambda: [json.loads(b) for b in sample],
+        "mix_read": lambda: [decode(b) for b in sample],
+        "mix_decide": lambda: [decide(r, DEFAULT_POLICY) for r in requests],
+        "mix_log_line": lambda: [log_admission(r, 0.0001) for r in answered],
     }
     # Rounds of the subjects alternate, and each keeps its best: a machine
     # that slows down for a while slows all of them, not the one it caught.
@@ -244,7 +269,9 @@ def decision_us(bodies: list[bytes], rounds: int) -> dict[str, float]:
             for _ in range(rounds):
                 fn()
             best[name] = min(best[name], (time.perf_counter() - t0) / rounds * 1e6)
-    best["mix"] /= len(sample)  # per review of the benchmark's mix
+    for name in best:
+        if name.startswith("mix"):
+            best[name] /= len(sample)  # per review of the benchmark's mix
     best["ratio"] = best["webhook"] / best["floor"]
     return best
 
@@ -401,6 +428,11 @@ def main() -> int:
         f"decision (8 containers): {d['webhook']:.0f} us vs json round trip "
         f"{d['floor']:.0f} us (x{d['ratio']:.1f}); {d['webhook_500_nodes']:.0f} us "
         f"with 500 GPU nodes known; {d['mix']:.0f} us a review of the mix"
+    )
+    print(
+        f"a review of the mix: read {d['mix_read']:.0f} us (json.loads alone "
+        f"{d['mix_json_loads']:.0f}), decided {d['mix_decide']:.0f}, answer written "
+        f"{d['mix'] - d['mix_read'] - d['mix_decide']:.0f}, log line {d['mix_log_line']:.0f}"
     )
     print(
         f"worker RSS: {results['rss_mib']['start']:.1f} -> "
