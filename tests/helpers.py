@@ -9,9 +9,10 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import jsonpatch
+import pytest
 import yaml
 
 GPU = "aliyun.com/gpu-mem"
@@ -19,6 +20,13 @@ GPU = "aliyun.com/gpu-mem"
 # Set by tests/mutation.py: the suite runs once per mutant, so properties draw
 # fewer examples, always the same ones (tests/conftest.py's "mutation" profile).
 MUTATION = bool(os.environ.get("GPUSHARE_MUTATION"))
+
+
+def unavailable(what: str, why: object) -> NoReturn:
+    """A counterpart the tests need cannot be had: a failure in CI (which has them), else a skip."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} unavailable in CI: {why}", pytrace=False)
+    pytest.skip(f"{what} unavailable: {why}")
 
 
 def examples(usual: int) -> int:

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from tests import gotools
-from tests.helpers import container, pod
+from tests.helpers import container, pod, unavailable
 from tests.test_manifests import K8S_VERSION, checkov, render  # noqa: F401 - checkov: a fixture
 from webhook.decision.keys import json_schema
 from webhook.decision.policy import Policy
@@ -72,9 +72,7 @@ def helm() -> str:
     try:
         return str(gotools.tool("helm"))
     except gotools.Unavailable as error:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"helm unavailable in CI: {error}", pytrace=False)
-        pytest.skip(f"helm unavailable: {error}")
+        unavailable("helm", error)
 
 
 def template(helm: str, *args: str, release: str = "gpushare-webhook") -> list[dict[str, Any]]:
@@ -265,9 +263,7 @@ def helm3() -> str:
     try:
         return str(gotools.tool("helm3"))
     except gotools.Unavailable as error:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"helm 3 unavailable in CI: {error}", pytrace=False)
-        pytest.skip(f"helm 3 unavailable: {error}")
+        unavailable("helm 3", error)
 
 
 @pytest.mark.parametrize("values", ["defaults", "monitoring", "cert-manager"])
