@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from webhook.decision.capacity import GpuLimits
-from webhook.decision.fields import EMPTY, container_label, containers, label
+from webhook.decision.fields import container_label, containers, label, mapping
 from webhook.decision.policy import Policy
 from webhook.decision.quantities import MemoryUnit, parse_quantity, plain_count, whole_count
-from webhook.errors import PodError, QuantityError, ShapeError
+from webhook.errors import PodError, QuantityError
 
 
 class ContainerAsk(NamedTuple):
@@ -49,24 +49,10 @@ def _resources(
     container: Mapping[str, Any], kind: str, index: int
 ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """(limits, requests) of a container, each {} when absent."""
-    resources = container.get("resources")
-    if resources is None:
-        return EMPTY, EMPTY
-    # NB: the checks of fields.mapping, written out: the path a message names
-    # is built only for a message (for every GPU container it would cost
-    # more than the checks).
-    if not isinstance(resources, dict):
-        raise ShapeError(f"spec.{kind}[{index}].resources", "an object", resources)
-    limits = resources.get("limits")
-    if limits is None:
-        limits = EMPTY
-    elif not isinstance(limits, dict):
-        raise ShapeError(f"spec.{kind}[{index}].resources.limits", "an object", limits)
-    requests = resources.get("requests")
-    if requests is None:
-        requests = EMPTY
-    elif not isinstance(requests, dict):
-        raise ShapeError(f"spec.{kind}[{index}].resources.requests", "an object", requests)
+    path = f"spec.{kind}[{index}]"
+    resources = mapping(container, "resources", path=path, optional=True)
+    limits = mapping(resources, "limits", path=f"{path}.resources", optional=True)
+    requests = mapping(resources, "requests", path=f"{path}.resources", optional=True)
     return limits, requests
 
 
