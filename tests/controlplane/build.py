@@ -1,4 +1,4 @@
-"""Build the real control plane once: kube-apiserver, kube-controller-manager, etcd.
+"""Build the real control plane once: kube-apiserver, kube-controller-manager, kube-scheduler, etcd.
 
 The Go module beside this file pins them (k8s.io/kubernetes and its staging
 modules at one release, etcd's server module at the release Kubernetes
@@ -20,6 +20,7 @@ KUBERNETES = "v1.37.2"
 COMMANDS = {
     "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+    "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
     "etcd": "./etcd",
 }
 # The version the binaries report (kubectl and the client compare it with
@@ -43,6 +44,7 @@ find_go = gotools.find_go
 class Binaries:
     kube_apiserver: Path
     kube_controller_manager: Path
+    kube_scheduler: Path
     etcd: Path
     build_seconds: float  # of the build that filled the cache; 0 when it was there
 
@@ -61,8 +63,8 @@ def ensure(*, say: bool = True) -> Binaries:
         ldflags=LDFLAGS,
         files=("go.mod", "go.sum", "etcd/main.go"),
         say=(
-            f"building kube-apiserver, kube-controller-manager and etcd ({KUBERNETES}): "
-            "the first time only, about 10 minutes on 2 cores"
+            f"building kube-apiserver, kube-controller-manager, kube-scheduler and etcd "
+            f"({KUBERNETES}): the first time only, about 10 minutes on 2 cores"
             if say
             else ""
         ),
@@ -72,6 +74,7 @@ def ensure(*, say: bool = True) -> Binaries:
     return Binaries(
         kube_apiserver=folder / "kube-apiserver",
         kube_controller_manager=folder / "kube-controller-manager",
+        kube_scheduler=folder / "kube-scheduler",
         etcd=folder / "etcd",
         build_seconds=seconds,
     )
