@@ -4,9 +4,13 @@
 daemonsets,jobs,cronjobs,replicasets,nodes -A -o json`` of the scene
 tests/apiserver/test_report.py makes (a confined pod, one that slipped past
 the webhook, one it would refuse, one warned, two Deployments, two GPU
-nodes), judged by ``tests/report/policy.yaml``. The table and the JSON are
-goldens (``GOLDEN_UPDATE=1`` rewrites them); malformed and partial input is
-one line and exit 2.
+nodes), judged by ``tests/report/policy.yaml``. ``tests/report/extender.json``
+is a list of the same shape where the GPU Share Scheduler Extender placed
+pods (its annotations), with the cases its counting rules tell apart;
+``extender-inspect.json`` is what its inspect endpoint answers for it, read
+from its rules by hand. The table and the JSON are goldens
+(``GOLDEN_UPDATE=1`` rewrites them); malformed and partial input is one line
+and exit 2. The clock is fixed: a few minutes after the lists were saved.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,29 +32,64 @@ from webhook.cli.report import cmd_report
 from webhook.decision.nodes import NodeView
 from webhook.decision.plan import plan
 from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
+from webhook.report import reserved
 from webhook.report.findings import OTHER_POLICY, build_report, judge_pod
 from webhook.report.objects import sort_objects
 
 HERE = Path(__file__).parent / "report"
 UPDATE = os.environ.get("GOLDEN_UPDATE") == "1"
+NOW = datetime(2026, 12, 4, 18, 0, tzinfo=UTC)  # the lists were saved a few minutes before
 
 
 def run(*args: str, stdin: str = "") -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     parsed = build_parser().parse_args(["report", *args])
-    code = cmd_report(parsed, io.StringIO(stdin), out, err)
+    code = cmd_report(parsed, io.StringIO(stdin), out, err, clock=lambda: NOW)
     return code, out.getvalue(), err.getvalue()
 
 
 @pytest.mark.parametrize("output", ["table", "json"])
-def test_the_report_of_a_saved_list_is_its_golden(output: str) -> None:
-    args = ["--from", str(HERE / "cluster.json"), "--policy", str(HERE / "policy.yaml")]
+@pytest.mark.parametrize("scene", ["", "extender-"])
+def test_the_report_of_a_saved_list_is_its_golden(scene: str, output: str) -> None:
+    listed = HERE / ("cluster.json" if not scene else f"{scene[:-1]}.json")
+    args = ["--from", str(listed), "--policy", str(HERE / "policy.yaml")]
     code, out, _ = run(*args, "--output", output)
     assert code == 1  # drift and refusals: fit for a CronJob or CI
-    golden = HERE / ("expected.txt" if output == "table" else "expected.json")
+    golden = HERE / (f"{scene}expected.txt" if output == "table" else f"{scene}expected.json")
     if UPDATE:
         golden.write_text(out)
     assert out == golden.read_text()
+
+
+def test_the_report_gives_the_answer_the_extenders_inspect_endpoint_gives() -> None:
+    args = ["--from", str(HERE / "extender.json"), "--policy", str(HERE / "policy.yaml")]
+    _, out, _ = run(*args, "-o", "json")
+    nodes = json.loads(out)["nodes"]
+    inspected = {
+        "nodes": [
+            {
+                "name": node["name"],
+                "totalGPU": node["total"],
+                "usedGPU": node["used"],
+                "devs": [
+                    {
+                        "id": gpu["index"],
+                        "totalGPU": gpu["total"],
+                        "usedGPU": gpu["used"],
+                        "pods": [
+                            {"name": p["name"], "namespace": p["namespace"], "usedGPU": p["limit"]}
+                            for p in gpu["pods"]
+                        ],
+                    }
+                    for gpu in node["devices"]
+                ],
+            }
+            for node in nodes
+        ]
+    }
+    assert inspected == json.loads((HERE / "extender-inspect.json").read_text())
+    for node in nodes:  # the used memory is what the pods of its GPUs have reserved
+        assert node["used"] == sum(p["reserved"] for g in node["devices"] for p in g["pods"])
 
 
 def test_the_json_has_its_documented_shape() -> None:
@@ -57,7 +97,8 @@ def test_the_json_has_its_documented_shape() -> None:
     _, out, _ = run(*args, "-o", "json")
     found = json.loads(out)
     assert list(found) == [
-        "apiVersion", "kind", "unit", "clean", "summary", "pods", "workloads", "nodes", "notes",
+        "apiVersion", "kind", "unit", "clean", "summary", "pods", "workloads", "nodes",
+        "unanswered", "notes",
     ]  # fmt: skip
     assert (found["apiVersion"], found["kind"], found["clean"]) == (
         "gpushare-webhook.io/v1",
@@ -67,11 +108,20 @@ def test_the_json_has_its_documented_shape() -> None:
     assert found["summary"]["pods"] == {
         "confined": 2, "drifted": 1, "would-be-refused": 1, "warned": 1, "excluded": 0,
     }  # fmt: skip
+    assert (found["summary"]["unaccounted"], found["summary"]["unanswered"]) == (3, 2)
     assert set(found["pods"][0]) == {
         "namespace", "name", "node", "status", "gpuMemory", "withoutLimit", "findings", "cause",
+        "gpu", "reserved",
     }  # fmt: skip
+    assert set(found["nodes"][0]) == {
+        "name", "gpus", "memoryPerGpu", "total", "used", "free", "pods", "withoutLimit",
+        "unaccounted", "devices",
+    }  # fmt: skip
+    assert set(found["nodes"][0]["devices"][0]) == {"index", "total", "used", "free", "pods"}
+    assert set(found["unanswered"][0]) == {"schedulerName", "pods", "message"}
     readme = (Path(__file__).parent.parent / "docs" / "report.md").read_text()
-    for key in ("gpuMemory", "withoutLimit", "memoryPerGpu", "would-be-refused", "clean"):
+    keys = ("gpuMemory", "withoutLimit", "memoryPerGpu", "would-be-refused", "clean", "used")
+    for key in (*keys, "unaccounted", "devices", "unanswered", "schedulerName", "reserved"):
         assert f"`{key}`" in readme, key
 
 
@@ -179,7 +229,7 @@ def test_what_a_report_leaves_out_and_what_it_says_so() -> None:
     objects = sort_objects([running, finished, web, excluded, owner, owned], "test")
     assert (len(objects.pods), objects.finished) == (3, 1)
     assert (len(objects.workloads), objects.owned) == (1, 1)
-    report = build_report(objects, DEFAULT_POLICY)
+    report = build_report(objects, DEFAULT_POLICY, now=NOW)
     assert [(p.namespace, p.status) for p in report.pods] == [
         ("kube-system", "excluded"),
         ("team-a", "drifted"),
@@ -205,3 +255,202 @@ def test_kubectl_finds_the_plugin() -> None:
     assert done.stderr.strip() == (
         "kubectl gpushare: unrecognized arguments: --frobnicate (see kubectl gpushare --help)"
     )
+
+
+def _node(name: str = "n1", **capacity: str) -> dict[str, Any]:
+    """A Node with this capacity (``mem``, ``count``: the GPU-share resources)."""
+    names = {"mem": "aliyun.com/gpu-mem", "count": "aliyun.com/gpu-count"}
+    found = {names.get(k, k): v for k, v in capacity.items()}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+            "status": {"capacity": found}}  # fmt: skip
+
+
+def _placed(
+    limit: str | None = "4",
+    *,
+    index: str | None = "0",
+    reserved: str | None = "4",
+    node: str = "n1",
+    phase: str = "Running",
+    deleting: bool = False,
+    init: str | None = None,
+) -> dict[str, Any]:
+    """A pod bound to ``node`` with the extender's annotations (None: that one left out)."""
+    found = pod(container(gpu=limit), init=[container("init", gpu=init)] if init else None)
+    found["spec"]["nodeName"] = node
+    found["status"] = {"phase": phase}
+    notes = {"ALIYUN_COM_GPU_MEM_IDX": index, "ALIYUN_COM_GPU_MEM_POD": reserved}
+    found["metadata"]["annotations"] = {k: v for k, v in notes.items() if v is not None}
+    if deleting:
+        found["metadata"]["deletionTimestamp"] = "2026-12-04T17:58:00Z"
+    return found
+
+
+@pytest.mark.parametrize(
+    ("node", "placed", "gpus", "per_gpu", "total", "counted", "used", "unaccounted"),
+    [
+        (_node(mem="80", count="2"), _placed(), 2, 40, 80, 0, 4, False),
+        (_node(mem="80", count="2"), _placed(index="1"), 2, 40, 80, 1, 4, False),
+        (_node(mem="80", count="2"), _placed(index=None), 2, 40, 80, None, 0, True),
+        (_node(mem="80", count="2"), _placed(index="2"), 2, 40, 80, None, 0, True),
+        (_node(mem="80", count="2"), _placed(index="-1"), 2, 40, 80, None, 0, True),
+        (_node(mem="80", count="2"), _placed(index="one"), 2, 40, 80, None, 0, True),
+        (_node(mem="80", count="2"), _placed(index=" 1"), 2, 40, 80, None, 0, True),
+        (_node(mem="80", count="2"), _placed(index="+1"), 2, 40, 80, 1, 4, False),
+        (_node(mem="80", count="2"), _placed(reserved="lots"), 2, 40, 80, 0, 0, False),
+        (_node(mem="80", count="2"), _placed(reserved="-3"), 2, 40, 80, 0, 0, False),
+        (_node(mem="80", count="2"), _placed(reserved=None), 2, 40, 80, 0, 0, False),
+        (_node(mem="80", count="2"), _placed(reserved="6"), 2, 40, 80, 0, 6, False),
+        (_node(mem="80", count="2"), _placed(phase="Succeeded"), 2, 40, 80, None, 0, False),
+        (_node(mem="80", count="2"), _placed(phase="Failed"), 2, 40, 80, None, 0, False),
+        (_node(mem="80", count="2"), _placed(deleting=True), 2, 40, 80, None, 0, False),
+        (_node(mem="80", count="2"), _placed(limit=None, init="8"), 2, 40, 80, None, 0, False),
+        (_node(mem="80", count="2"), _placed(limit="0"), 2, 40, 80, None, 0, False),
+        (_node(mem="80", count="2"), _placed(init="20"), 2, 40, 80, 0, 4, False),
+        (_node(mem="16"), _placed(), 0, 0, 16, None, 0, True),
+        (_node(mem="16"), _placed(index=None), 0, 0, 16, None, 0, True),
+        (_node(mem="30", count="4"), _placed(index="3", reserved="7"), 4, 7, 30, 3, 7, False),
+        (_node(mem="30", count="4"), _placed(node="elsewhere"), 4, 7, 30, None, 0, False),
+    ],
+    ids=[
+        "gpu-0", "gpu-1", "no-index", "index-out-of-range", "index-negative",
+        "index-not-a-number", "index-with-a-space", "index-with-a-sign", "reserved-not-a-number",
+        "reserved-negative", "no-reserved", "reserved-not-the-limit", "succeeded", "failed",
+        "being-deleted", "init-container-memory-only", "limit-zero", "init-container-not-counted",
+        "count-less-node", "count-less-node-no-index", "30-over-4-gpus", "another-node",
+    ],
+)  # fmt: skip
+def test_what_the_extender_counts(
+    node: dict[str, Any],
+    placed: dict[str, Any],
+    *,
+    gpus: int,
+    per_gpu: int,
+    total: int,
+    counted: int | None,
+    used: int,
+    unaccounted: bool,
+) -> None:
+    """Its rules, one case each: which GPU a pod is counted on, for how much, or not at all."""
+    found = reserved.account([node], [placed], DEFAULT_POLICY)
+    (record,) = found.nodes
+    assert (len(record.gpus), record.capacity.per_gpu, record.capacity.total) == (
+        gpus,
+        per_gpu,
+        total,
+    )
+    assert [g.total for g in record.gpus] == [per_gpu] * gpus
+    assert found.placed.get(("team-a", "train")) == counted
+    assert (record.used, sum(g.used for g in record.gpus)) == (used, used)
+    assert record.free == per_gpu * gpus - used
+    assert bool(record.unaccounted) == unaccounted
+    if counted is not None:
+        (reservation,) = record.gpus[counted].pods
+        assert reservation.limit == 4  # the app containers' limits; init ones never count
+    assert found.elsewhere == (placed["spec"]["nodeName"] == "elsewhere")
+
+
+def test_a_node_without_gpu_memory_is_no_gpu_node_and_quantities_read_as_go_reads_them() -> None:
+    nodes = [_node("cpu", cpu="8"), _node("big", mem="1k", count="3")]
+    found = reserved.account(nodes, [_placed("1500m", node="big")], DEFAULT_POLICY)
+    (big,) = found.nodes  # "cpu" reports no GPU memory
+    assert (big.capacity.total, big.capacity.per_gpu) == (1000, 333)
+    (reservation,) = big.gpus[0].pods
+    assert reservation.limit == 2  # Quantity.Value() rounds up
+
+
+def test_why_a_bound_pod_is_not_counted_is_said() -> None:
+    found = reserved.account([_node(mem="80", count="2")], [_placed(index=None)], DEFAULT_POLICY)
+    assert found.unaccounted[("team-a", "train")] == (
+        "bound to n1 without the scheduler extender's ALIYUN_COM_GPU_MEM_IDX annotation: the "
+        "scheduler did not reserve GPU memory for it (a pod placed past the extender), so it "
+        "uses a GPU nobody accounts for"
+    )
+    found = reserved.account([_node(mem="16")], [_placed()], DEFAULT_POLICY)
+    assert "'0' names no GPU of n1 (0 GPUs)" in found.unaccounted[("team-a", "train")]
+
+
+def _waiting(
+    age: float,
+    *,
+    scheduler: str | None = "gpushare-scheduler",
+    phase: str = "Pending",
+    conditions: list[dict[str, Any]] | None = None,
+    node: str = "",
+    gpu: str | None = "4",
+    created: str | None = "",
+) -> dict[str, Any]:
+    found = pod(container(gpu=gpu))
+    if scheduler:
+        found["spec"]["schedulerName"] = scheduler
+    if node:
+        found["spec"]["nodeName"] = node
+    made = NOW - timedelta(seconds=age)
+    stamp = made.strftime("%Y-%m-%dT%H:%M:%SZ") if created == "" else created
+    if stamp is not None:
+        found["metadata"]["creationTimestamp"] = stamp
+    found["status"] = {"phase": phase}
+    if conditions is not None:
+        found["status"]["conditions"] = conditions
+    return found
+
+
+UNSCHEDULABLE = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+READY = [{"type": "Initialized", "status": "True"}]
+
+
+@pytest.mark.parametrize(
+    ("waiting", "named"),
+    [
+        (_waiting(300), "gpushare-scheduler"),
+        (_waiting(61), "gpushare-scheduler"),
+        (_waiting(60), None),
+        (_waiting(5), None),
+        (_waiting(300, scheduler=None), "default-scheduler"),
+        (_waiting(300, scheduler="volcano"), "volcano"),
+        (_waiting(300, conditions=UNSCHEDULABLE), None),
+        (_waiting(300, conditions=READY), "gpushare-scheduler"),
+        (_waiting(300, node="n1"), None),
+        (_waiting(300, phase="Running"), None),
+        (_waiting(300, gpu=None), None),
+        (_waiting(300, created=None), None),
+        (_waiting(300, created="yesterday"), None),
+    ],
+    ids=[
+        "five-minutes", "just-over-a-minute", "a-minute", "seconds", "no-scheduler-name",
+        "another-scheduler", "tried-and-failed", "other-conditions", "bound", "running",
+        "not-a-gpu-pod", "no-creation-time", "creation-time-malformed",
+    ],
+)  # fmt: skip
+def test_a_gpu_pod_no_scheduler_answers_is_named(
+    waiting: dict[str, Any], named: str | None
+) -> None:
+    found = reserved.unanswered([waiting], DEFAULT_POLICY, NOW)
+    assert [w.scheduler for w in found] == ([named] if named else [])
+    if named:
+        assert found[0].pods == ("team-a/train",)
+        assert found[0].message == (
+            f"1 GPU pod waits for scheduler {named!r}, which no scheduler answers (no "
+            "scheduling event in over a minute): team-a/train"
+        )
+
+
+def test_waiting_pods_and_pods_the_extender_did_not_count_need_a_look() -> None:
+    """Exit 1: each is found, even where every pod is confined."""
+    confined = _stored(pod(container(gpu="4")), DEFAULT_POLICY)
+    placed = {**confined, "spec": {**confined["spec"], "nodeName": "n1"}}
+    placed["metadata"] = {**confined["metadata"], "annotations": {
+        **confined["metadata"]["annotations"], "ALIYUN_COM_GPU_MEM_IDX": "0",
+        "ALIYUN_COM_GPU_MEM_POD": "4"}}  # fmt: skip
+    node = _node(mem="80", count="2")
+    assert build_report(sort_objects([placed, node], "test"), DEFAULT_POLICY, now=NOW).clean
+    del placed["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_IDX"]
+    report = build_report(sort_objects([placed, node], "test"), DEFAULT_POLICY, now=NOW)
+    assert (report.clean, report.unaccounted, report.pods[0].status) == (False, 1, "confined")
+    old = {
+        **confined,
+        "metadata": {**confined["metadata"], "creationTimestamp": "2026-12-04T17:00:00Z"},
+    }
+    report = build_report(sort_objects([old], "test"), DEFAULT_POLICY, now=NOW)
+    assert not report.clean
+    assert [w.pods for w in report.unanswered] == [("team-a/train",)]

@@ -188,9 +188,12 @@ def test_the_report_as_its_service_account_finds_what_happened(
     assert drifted["withoutLimit"] is True
     gpu1, gpu2 = mine["nodes"]["report-gpu-1"], mine["nodes"]["report-gpu-2"]
     assert (gpu1["gpus"], gpu1["memoryPerGpu"], gpu1["total"]) == (2, 40, 80)
-    assert (gpu1["asked"], gpu1["free"], gpu1["pods"]) == (12, 68, 2)
+    # Bound by hand, not by the scheduler extender: nothing is reserved for them.
+    assert (gpu1["used"], gpu1["free"], gpu1["pods"]) == (0, 80, 2)
+    assert [(d["total"], d["used"], d["pods"]) for d in gpu1["devices"]] == [(40, 0, [])] * 2
+    assert gpu1["unaccounted"] == [f"{CONFINED}/confined", f"{DRIFT}/slipped-past"]
     assert gpu1["withoutLimit"] == [f"{DRIFT}/slipped-past"]
-    assert (gpu2["asked"], gpu2["withoutLimit"]) == (4, [])
+    assert (gpu2["used"], gpu2["withoutLimit"], gpu2["unaccounted"]) == (0, [], [f"{WARN}/warned"])
     assert not any(note.startswith("the policy ConfigMap") for note in found["notes"])
 
 

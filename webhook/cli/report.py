@@ -3,8 +3,10 @@
 Reads the cluster (in-cluster credentials, else the kubeconfig), or a file
 saved with ``kubectl get pods,deployments,... -A -o json``; judges it by
 the policy in force (the webhook's ConfigMap, unless ``--policy`` names a
-file) with ``webhook.report``; prints a table or JSON. Exit 0 when all is
-confined, 1 when something drifted or would be refused, 2 on an error.
+file) with ``webhook.report``, at the time the clock reads now; prints a
+table or JSON. Exit 0 when all is confined, 1 when something drifted or
+would be refused, a bound GPU pod holds memory the scheduler extender did
+not reserve, or GPU pods wait for a scheduler nobody answers; 2 on an error.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,7 +29,18 @@ from webhook.report.render import as_json, as_table
 from webhook.serving.runtime import read_policy
 
 
-def cmd_report(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def cmd_report(
+    args: argparse.Namespace,
+    stdin: TextIO,
+    stdout: TextIO,
+    stderr: TextIO,
+    *,
+    clock: Callable[[], datetime] = _now,
+) -> int:
     notes: list[str] = []
     if args.source:
         items = read_documents(args.source, stdin, stderr, what="objects")
@@ -36,7 +51,9 @@ def cmd_report(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: 
     else:
         items, policy, notes = _from_cluster(args)
         source = "the cluster"
-    report = build_report(sort_objects(items, source), policy)
+    if args.namespace:
+        notes.append(f"only namespace {args.namespace}: the GPU memory used counts its pods only")
+    report = build_report(sort_objects(items, source), policy, now=clock())
     if notes:
         report = dataclasses.replace(report, notes=(*notes, *report.notes))
     if args.output == "json":

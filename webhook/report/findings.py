@@ -14,9 +14,12 @@ webhook's own decision, run on the pod as the cluster stores it:
 
 A workload is judged by its pod templates, as the offline preview judges
 them: its pods are set up when they are made (*ok*), or they would be
-refused or warned. Each GPU node gets the GPU memory its pods ask and what
-is left, as ``kubectl inspect gpushare`` shows it, and the pods that hold
-GPU memory there without a limit.
+refused or warned. Each GPU node, and each of its GPUs, gets the GPU memory
+the scheduler extender reserved there, for which pods, and what is left, as
+``kubectl inspect gpushare`` shows it (``webhook.report.reserved``), the
+pods that hold GPU memory there without a limit, and the GPU pods bound
+there that the extender does not count; GPU pods that wait for a scheduler
+nobody answers are named.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 import jsonpatch
 
 from webhook.decision.asks import ContainerAsk
-from webhook.decision.capacity import GpuNode, gpu_node
+from webhook.decision.capacity import gpu_node
 from webhook.decision.fields import container_label
 from webhook.decision.layout import STATUS_ANNOTATION
 from webhook.decision.nodes import NodeView, facts_of
@@ -37,6 +41,7 @@ from webhook.decision.plan import Decision, is_gpu_pod, plan
 from webhook.decision.policy import Policy
 from webhook.preview import preview
 from webhook.report.objects import Objects
+from webhook.report.reserved import NodeGpus, Waiting, account, unanswered
 
 PodStatus = Literal["confined", "drifted", "would-be-refused", "warned", "excluded"]
 WorkloadStatus = Literal["ok", "would-be-refused", "warned", "excluded"]
@@ -59,6 +64,8 @@ class PodFinding:
     unlimited: bool  # a container asks GPU memory and has no limit for it
     findings: tuple[str, ...] = ()
     cause: str = ""
+    gpu: int | None = None  # the GPU of its node the scheduler extender counts it on
+    reserved: int = 0  # the GPU memory the extender reserved for it there
 
 
 @dataclass(frozen=True)
@@ -72,20 +79,27 @@ class WorkloadFinding:
 
 @dataclass(frozen=True)
 class NodeUsage:
-    name: str
-    gpus: int
-    memory_per_gpu: int
-    asked: int  # by the pods placed there, in the policy's unit
-    pods: int
+    """A GPU node as the scheduler extender accounts it, with what the report adds."""
+
+    record: NodeGpus  # its GPUs, what is reserved on each and for whom, who is not counted
+    pods: int  # GPU pods bound there, counted by the extender or not
     unlimited: tuple[str, ...]  # namespace/name of pods holding GPU memory without a limit
 
     @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
     def total(self) -> int:
-        return self.gpus * self.memory_per_gpu
+        return self.record.capacity.total
+
+    @property
+    def used(self) -> int:
+        return self.record.used
 
     @property
     def free(self) -> int:
-        return self.total - self.asked
+        return self.record.free
 
 
 @dataclass(frozen=True)
@@ -96,25 +110,51 @@ class Report:
     nodes: tuple[NodeUsage, ...]
     notes: tuple[str, ...] = ()
     counts: dict[str, int] = field(default_factory=dict)
+    unanswered: tuple[Waiting, ...] = ()  # GPU pods waiting for a scheduler nobody answers
+
+    @property
+    def unaccounted(self) -> int:
+        """GPU pods bound to a node whose GPU memory the scheduler extender does not count."""
+        return sum(len(node.record.unaccounted) for node in self.nodes)
 
     @property
     def clean(self) -> bool:
-        """Nothing drifted, nothing a policy in force would refuse (warned included)."""
+        """Nothing drifted, nothing a policy in force would refuse (warned included), every
+        bound GPU pod counted by the scheduler extender, no GPU pod left unanswered."""
         statuses = {p.status for p in self.pods} | {w.status for w in self.workloads}
-        return not statuses & {"drifted", "would-be-refused", "warned"}
+        unplaced = self.unaccounted or self.unanswered
+        return not statuses & {"drifted", "would-be-refused", "warned"} and not unplaced
 
 
-def build_report(objects: Objects, policy: Policy) -> Report:
+def build_report(objects: Objects, policy: Policy, *, now: datetime) -> Report:
+    """The report of ``objects`` under ``policy``, at ``now`` (aware: how long pods waited)."""
     facts = [facts_of(node) for node in objects.nodes]
     gpus = [found for found in (gpu_node(f, policy) for f in facts) if found is not None]
     view = NodeView(gpus) if gpus else NodeView()
-    pods = [p for pod in objects.pods if (p := judge_pod(pod, policy, view))]
+    accounts = account(objects.nodes, objects.pods, policy)
+    pods = [
+        _placed(p, accounts.placed, accounts.reserved, accounts.unaccounted)
+        for pod in objects.pods
+        if (p := judge_pod(pod, policy, view))
+    ]
     workloads = [w for item in objects.workloads if (w := judge_workload(item, policy))]
     notes = []
     if objects.finished:
         notes.append(f"{objects.finished} finished pods left out: they hold no GPU")
     if not objects.nodes:
         notes.append("no Node in the input: GPU sizes come from the policy's gpuMemory")
+    for node in accounts.nodes:
+        if not node.capacity.count:
+            notes.append(
+                f"node {node.name} reports {policy.resource_name} but no "
+                f"{policy.multi_gpu.resource_name}: the scheduler extender sees no GPU there, "
+                "and places nothing there"
+            )
+    if accounts.elsewhere:
+        notes.append(
+            f"{accounts.elsewhere} GPU pods bound to nodes the input does not hold as GPU "
+            "nodes: not in the GPU figures"
+        )
     counts: dict[str, int] = {}
     for status in [p.status for p in pods]:
         counts[status] = counts.get(status, 0) + 1
@@ -122,10 +162,26 @@ def build_report(objects: Objects, policy: Policy) -> Report:
         unit=policy.memory_unit,
         pods=tuple(sorted(pods, key=lambda p: (p.namespace, p.name))),
         workloads=tuple(sorted(workloads, key=lambda w: (w.namespace, w.kind, w.name))),
-        nodes=tuple(_usage(node, pods) for node in sorted(gpus, key=lambda n: n.name)),
+        nodes=tuple(_usage(node, pods) for node in accounts.nodes),
         notes=tuple(notes),
         counts=counts,
+        unanswered=unanswered(objects.pods, policy, now),
     )
+
+
+def _placed(
+    pod: PodFinding,
+    placed: Mapping[tuple[str, str], int],
+    reserved: Mapping[tuple[str, str], int],
+    unaccounted: Mapping[tuple[str, str], str],
+) -> PodFinding:
+    """The finding with what the scheduler extender reserved for the pod, or why it did not."""
+    key = (pod.namespace, pod.name)
+    if key in placed:
+        return dataclasses.replace(pod, gpu=placed[key], reserved=reserved[key])
+    if key in unaccounted:
+        return dataclasses.replace(pod, findings=(*pod.findings, unaccounted[key]))
+    return pod
 
 
 def judge_pod(pod: Mapping[str, Any], policy: Policy, view: NodeView) -> PodFinding | None:
@@ -252,13 +308,12 @@ def judge_workload(item: Mapping[str, Any], policy: Policy) -> WorkloadFinding |
     return WorkloadFinding(kind, namespace, name, "ok")
 
 
-def _usage(node: GpuNode, pods: list[PodFinding]) -> NodeUsage:
+def _usage(node: NodeGpus, pods: list[PodFinding]) -> NodeUsage:
+    counted = {(p.namespace, p.name) for gpu in node.gpus for p in gpu.pods}
+    counted |= {(p.namespace, p.name) for p in node.unaccounted}
     here = [p for p in pods if p.node == node.name]
     return NodeUsage(
-        name=node.name,
-        gpus=node.gpu_count,
-        memory_per_gpu=node.gpu_memory,
-        asked=sum(p.gpu_memory for p in here),
-        pods=sum(1 for p in here if p.gpu_memory),
+        record=node,
+        pods=len(counted),
         unlimited=tuple(f"{p.namespace}/{p.name}" for p in here if p.unlimited),
     )

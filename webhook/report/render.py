@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from webhook.report.findings import NodeUsage, PodFinding, Report, WorkloadFinding
+from webhook.report.reserved import Gpu
 
 API_VERSION = "gpushare-webhook.io/v1"
 POD_STATUSES = ("confined", "drifted", "would-be-refused", "warned", "excluded")
@@ -30,12 +31,22 @@ def as_json(report: Report) -> dict[str, Any]:
         "summary": {
             "pods": _counts([p.status for p in report.pods], POD_STATUSES),
             "workloads": _counts([w.status for w in report.workloads], WORKLOAD_STATUSES),
+            "unaccounted": report.unaccounted,
+            "unanswered": sum(len(w.pods) for w in report.unanswered),
         },
         "pods": [_pod(p) for p in report.pods],
         "workloads": [_workload(w) for w in report.workloads],
-        "nodes": [_node(n) for n in report.nodes],
+        "nodes": [_node(n, _statuses(report)) for n in report.nodes],
+        "unanswered": [
+            {"schedulerName": w.scheduler, "pods": list(w.pods), "message": w.message}
+            for w in report.unanswered
+        ],
         "notes": list(report.notes),
     }
+
+
+def _statuses(report: Report) -> dict[tuple[str, str], str]:
+    return {(p.namespace, p.name): p.status for p in report.pods}
 
 
 def _pod(pod: PodFinding) -> dict[str, Any]:
@@ -48,6 +59,8 @@ def _pod(pod: PodFinding) -> dict[str, Any]:
         "withoutLimit": pod.unlimited,
         "findings": list(pod.findings),
         "cause": pod.cause,
+        "gpu": pod.gpu,
+        "reserved": pod.reserved,
     }
 
 
@@ -61,16 +74,37 @@ def _workload(workload: WorkloadFinding) -> dict[str, Any]:
     }
 
 
-def _node(node: NodeUsage) -> dict[str, Any]:
+def _node(node: NodeUsage, statuses: dict[tuple[str, str], str]) -> dict[str, Any]:
     return {
         "name": node.name,
-        "gpus": node.gpus,
-        "memoryPerGpu": node.memory_per_gpu,
+        "gpus": len(node.record.gpus),
+        "memoryPerGpu": node.record.capacity.per_gpu,
         "total": node.total,
-        "asked": node.asked,
+        "used": node.used,
         "free": node.free,
         "pods": node.pods,
         "withoutLimit": list(node.unlimited),
+        "unaccounted": [f"{p.namespace}/{p.name}" for p in node.record.unaccounted],
+        "devices": [_device(gpu, statuses) for gpu in node.record.gpus],
+    }
+
+
+def _device(gpu: Gpu, statuses: dict[tuple[str, str], str]) -> dict[str, Any]:
+    return {
+        "index": gpu.index,
+        "total": gpu.total,
+        "used": gpu.used,
+        "free": gpu.free,
+        "pods": [
+            {
+                "namespace": p.namespace,
+                "name": p.name,
+                "reserved": p.reserved,
+                "limit": p.limit,
+                "status": statuses.get((p.namespace, p.name), ""),
+            }
+            for p in gpu.pods
+        ],
     }
 
 
@@ -86,7 +120,8 @@ def _table(header: Row, rows: Sequence[Row]) -> list[str]:
 
 
 def as_table(report: Report) -> str:
-    out = _pods(report) + _workloads(report) + _nodes(report)
+    out = _pods(report) + _workloads(report) + _nodes(report) + _gpus(report)
+    out += _unanswered(report)
     out.append(_summary(report))
     out.extend(f"note: {note}" for note in report.notes)
     return "\n".join(out) + "\n"
@@ -123,18 +158,52 @@ def _nodes(report: Report) -> list[str]:
     if not report.nodes:
         return []
     unit = report.unit
-    header: Row = ("NODE", "GPUS", f"PER GPU ({unit})", f"TOTAL ({unit})", f"ASKED ({unit})")
+    header: Row = ("NODE", "GPUS", f"PER GPU ({unit})", f"TOTAL ({unit})", f"USED ({unit})")
     header += (f"FREE ({unit})", "GPU PODS", "WITHOUT LIMITS")
     rows: list[Row] = []
     for n in report.nodes:
-        rows.append((n.name, str(n.gpus), str(n.memory_per_gpu), str(n.total), str(n.asked)))
+        per_gpu = str(n.record.capacity.per_gpu) if n.record.gpus else "-"
+        rows.append((n.name, str(len(n.record.gpus)), per_gpu, str(n.total), str(n.used)))
         rows[-1] += (str(n.free), str(n.pods), ", ".join(n.unlimited) or "-")
     nodes = report.nodes
-    total, asked = sum(n.total for n in nodes), sum(n.asked for n in nodes)
-    rows.append(("TOTAL", str(sum(n.gpus for n in nodes)), "", str(total), str(asked)))
-    rows[-1] += (str(total - asked), str(sum(n.pods for n in nodes)))
+    total, used = sum(n.total for n in nodes), sum(n.used for n in nodes)
+    rows.append(("TOTAL", str(sum(len(n.record.gpus) for n in nodes)), "", str(total), str(used)))
+    rows[-1] += (str(sum(n.free for n in nodes)), str(sum(n.pods for n in nodes)))
     rows[-1] += (str(sum(len(n.unlimited) for n in nodes)),)
     return ["GPU NODES", *_table(header, rows), ""]
+
+
+def _gpus(report: Report) -> list[str]:
+    """Each GPU, as ``kubectl inspect gpushare -d`` shows it; then who no one accounts for."""
+    if not report.nodes:
+        return []
+    unit, statuses = report.unit, _statuses(report)
+    header: Row = ("NODE", "GPU", f"TOTAL ({unit})", f"USED ({unit})", f"FREE ({unit})", "PODS")
+    rows: list[Row] = []
+    for node in report.nodes:
+        for gpu in node.record.gpus:
+            pods = ", ".join(
+                f"{p.namespace}/{p.name} ({p.reserved} {unit}, "
+                f"{statuses.get((p.namespace, p.name), 'not judged')})"
+                for p in gpu.pods
+            )
+            rows.append((node.name, str(gpu.index), str(gpu.total), str(gpu.used)))
+            rows[-1] += (str(gpu.free), pods or "-")
+    out = ["GPUS", *_table(header, rows), ""] if rows else []
+    for node in report.nodes:
+        if node.record.unaccounted:
+            out.append(
+                f"{node.name}: GPU pods the scheduler extender reserved no GPU memory for, on "
+                "GPUs nobody accounts for: "
+                + ", ".join(f"{p.namespace}/{p.name}" for p in node.record.unaccounted)
+            )
+    return [*out, ""] if out and out[-1] else out
+
+
+def _unanswered(report: Report) -> list[str]:
+    if not report.unanswered:
+        return []
+    return ["WAITING FOR A SCHEDULER", *(w.message for w in report.unanswered), ""]
 
 
 def _summary(report: Report) -> str:
@@ -143,7 +212,13 @@ def _summary(report: Report) -> str:
     said = ", ".join(f"{count} {status.replace('-', ' ')}" for status, count in pods.items())
     told = ", ".join(f"{count} {status.replace('-', ' ')}" for status, count in workloads.items())
     verdict = "all confined" if report.clean else "needs attention"
+    more = ""
+    if report.unaccounted:
+        more += f"; {report.unaccounted} bound GPU pods the scheduler reserved no GPU memory for"
+    waiting = sum(len(w.pods) for w in report.unanswered)
+    if waiting:
+        more += f"; {waiting} GPU pods wait for a scheduler nobody answers"
     return (
         f"{len(report.pods)} GPU pods: {said}; {len(report.workloads)} GPU workloads: {told}"
-        f" ({verdict})"
+        f"{more} ({verdict})"
     )
