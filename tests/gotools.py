@@ -1,14 +1,16 @@
-"""Go programs the tests run (the control plane, helm, promtool), built once by the test run.
+"""Go programs the tests run (the control plane, helm, promtool, kwok), built once by the test run.
 
 Each comes from a Go module in the repository that pins it (``go.mod`` and
-``go.sum``: tests/controlplane, tests/gotools/helm, tests/gotools/promtool)
-and is built with the machine's Go, through the module proxy, into a cache
-outside the work tree (``~/.cache/gpushare-webhook/<what>/<key>``;
-``GPUSHARE_CONTROLPLANE_CACHE`` and ``GPUSHARE_GOTOOLS_CACHE`` move it),
-keyed by what decides the bytes of the binaries: the module's files, the
-link flags and the Go version. A second run costs one hash; concurrent
-runs wait on a file lock for one build; a build cut short is never taken
-for a whole one (it is made in a scratch folder, renamed when done).
+``go.sum``: tests/controlplane, tests/gotools/helm, tests/gotools/promtool,
+tests/gotools/kwok; the scheduler extender from its own source, see
+tests/controlplane/extender.py) and is built with the machine's Go, through
+the module proxy, into a cache outside the work tree
+(``~/.cache/gpushare-webhook/<what>/<key>``; ``GPUSHARE_CONTROLPLANE_CACHE``
+and ``GPUSHARE_GOTOOLS_CACHE`` move it), keyed by what decides the bytes of
+the binaries: the module's files, the link flags and the Go version. A
+second run costs one hash; concurrent runs wait on a file lock for one
+build; a build cut short is never taken for a whole one (it is made in a
+scratch folder, renamed when done).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -32,6 +34,7 @@ TOOLS = {
     "helm": (HERE / "gotools" / "helm", "helm.sh/helm/v4/cmd/helm"),
     "helm3": (HERE / "gotools" / "helm3", "helm.sh/helm/v3/cmd/helm"),
     "promtool": (HERE / "gotools" / "promtool", "github.com/prometheus/prometheus/cmd/promtool"),
+    "kwok": (HERE / "gotools" / "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
 }
 # As Helm 3's own Makefile builds it: the Kubernetes version it renders for
 # without a cluster is its client-go's (else 1.20, older than the chart allows).
@@ -63,16 +66,35 @@ def cache_base(variable: str, what: str) -> Path:
     return Path(base) / "gpushare-webhook" / what
 
 
+def go_version(go: str) -> str:
+    return subprocess.run(
+        [go, "env", "GOVERSION"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def _key(go: str, module: Path, files: Sequence[str], ldflags: str) -> str:
     digest = hashlib.sha256()
     for name in files:
         digest.update((module / name).read_bytes())
     digest.update(ldflags.encode())
-    version = subprocess.run(
-        [go, "env", "GOVERSION"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    digest.update(version.encode())
+    digest.update(go_version(go).encode())
     return digest.hexdigest()[:16]
+
+
+def cached(folder: Path, names: Iterable[str], make: Callable[[], float]) -> float:
+    """0 when ``folder`` holds ``names``, else the seconds ``make()`` took to build them.
+
+    ``make`` runs under the cache's file lock: another run may be building the same key.
+    """
+    names = list(names)
+    if all((folder / name).is_file() for name in names):
+        return 0.0
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with (folder.parent / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if all((folder / name).is_file() for name in names):
+            return 0.0
+        return make()
 
 
 def build(
@@ -92,19 +114,16 @@ def build(
     """
     go = find_go()
     folder = cache / f"{label}-{_key(go, module, files, ldflags)}"
-    if all((folder / name).is_file() for name in commands):
-        return folder, 0.0
-    cache.mkdir(parents=True, exist_ok=True)
-    with (cache / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another run may be building the same key
-        if all((folder / name).is_file() for name in commands):
-            return folder, 0.0
-        return folder, _build(go, module, commands, folder, ldflags=ldflags, say=say)
+    seconds = cached(
+        folder, commands, lambda: go_build(go, module, commands, folder, ldflags=ldflags, say=say)
+    )
+    return folder, seconds
 
 
-def _build(
+def go_build(
     go: str, module: Path, commands: Mapping[str, str], folder: Path, *, ldflags: str, say: str
 ) -> float:
+    """``go build`` of ``commands`` in ``module`` into ``folder`` (whole or not at all); seconds."""
     scratch = folder.with_name(folder.name + f".partial-{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
@@ -168,11 +187,17 @@ CRD_FILES = {
 
 def crd_files() -> list[Path]:
     """The CRD files of CRD_FILES, downloaded through the module proxy (go.sum checks them)."""
+    return module_files(CRDS, CRD_FILES)
+
+
+def module_files(module: Path, files: Mapping[str, Sequence[str]]) -> list[Path]:
+    """Files (module path -> names in it) of modules that ``module``'s go.mod pins, downloaded
+    through the module proxy into Go's module cache (go.sum checks them)."""
     env = {**os.environ, "GOWORK": "off", "GOFLAGS": "-mod=readonly"}
     env.setdefault("GOTOOLCHAIN", "local")
     done = subprocess.run(
-        [find_go(), "mod", "download", "-json", *CRD_FILES],
-        cwd=CRDS,
+        [find_go(), "mod", "download", "-json", *files],
+        cwd=module,
         env=env,
         capture_output=True,
         text=True,
@@ -181,14 +206,14 @@ def crd_files() -> list[Path]:
     )
     if done.returncode != 0:
         last = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["(no output)"]
-        raise Unavailable(f"cannot download the CRDs' modules: {last[0]}")
+        raise Unavailable(f"cannot download {', '.join(files)}: {last[0]}")
     folders = {}
     decoder, text = json.JSONDecoder(), done.stdout.strip()
     while text:
         found, end = decoder.raw_decode(text)
         folders[found["Path"]] = Path(found["Dir"])
         text = text[end:].strip()
-    return [folders[module] / name for module, names in CRD_FILES.items() for name in names]
+    return [folders[path] / name for path, names in files.items() for name in names]
 
 
 if __name__ == "__main__":
