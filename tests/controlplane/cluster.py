@@ -1,13 +1,15 @@
 """A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager.
 
 No scheduler and no kubelet: pods stay Pending, which is all admission
-needs. RBAC is on; the API server signs service-account tokens (so the
-TokenRequest API works), trusts one CA for client certificates (the admin
-credential is one, in group ``system:masters``) and writes an audit log
-that records admission annotations, and limits the critical priority
-classes to namespaces with a quota for them, as GKE does. Each process is started in its own
-session and stopped by its PID; the logs stay in ``root`` for a failed test
-to show.
+needs (the scheduling tier, tests/controlplane/scheduling.py, adds
+kube-scheduler with ``start_scheduler``, and fake nodes). RBAC is on; the
+API server signs service-account tokens (so the TokenRequest API works),
+trusts one CA for client certificates (the admin credential is one, in
+group ``system:masters``) and writes an audit log that records admission
+annotations, and limits the critical priority classes to namespaces with a
+quota for them, as GKE does. Each process is started in its own session
+and stopped by its PID; the logs stay in ``root`` for a failed test to
+show.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ plugins:
               operator: In
               values: [system-node-critical, system-cluster-critical]
 """
+
+
+# Seconds a process has between SIGTERM and SIGKILL; the extender exits only on a second SIGTERM.
+STOP_TIMEOUTS = {"gpushare-sche-extender": 2.0}
 
 
 class ControlPlaneError(Exception):
@@ -137,7 +143,7 @@ class ControlPlane:
 
     # -- processes --
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         log = (self.root / f"{name}.log").open("ab")
         with log:
             self.processes[name] = subprocess.Popen(
@@ -150,6 +156,7 @@ class ControlPlane:
                     **os.environ,
                     "NO_PROXY": "127.0.0.1,localhost",
                     "no_proxy": "127.0.0.1,localhost",
+                    **(env or {}),
                 },
             )
 
@@ -245,6 +252,36 @@ class ControlPlane:
             timeout=60,
         )
 
+    def start_scheduler(self, config: Path) -> None:
+        """kube-scheduler with ``config`` (a KubeSchedulerConfiguration naming the admin
+        kubeconfig, leader election off); ready when its /readyz says so (informers synced)."""
+        port = free_port()
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.binaries.kube_scheduler),
+                f"--config={config}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.root / 'scheduler-certs'}",
+                "--v=2",
+            ],
+        )
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # its own self-signed certificate
+
+        def ready() -> bool:
+            url = f"https://127.0.0.1:{port}/readyz"
+            try:
+                with urllib.request.urlopen(url, timeout=5, context=insecure) as response:
+                    return bool(response.read() == b"ok")
+            except (OSError, urllib.error.URLError):
+                return False
+
+        self._wait("kube-scheduler", ready, timeout=60)
+
     def stop_process(self, name: str, *, timeout: float = 20.0) -> None:
         process = self.processes.pop(name, None)
         if process is None or process.poll() is not None:
@@ -259,7 +296,11 @@ class ControlPlane:
             process.wait()
 
     def stop(self) -> None:
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        # What else was started (the scheduling tier's programs) first, then the control plane.
+        core = ("kube-controller-manager", "kube-apiserver", "etcd")
+        for name in [name for name in reversed(self.processes) if name not in core]:
+            self.stop_process(name, timeout=STOP_TIMEOUTS.get(name, 20.0))
+        for name in core:
             self.stop_process(name)
 
     def restart_apiserver(self) -> None:

@@ -82,6 +82,15 @@ class Installed:
             host=self.server.host,
         )
 
+    def set_policy(self, text: str) -> None:
+        """Serve with policy ``text`` from now on: the ConfigMap and the mounted file changed,
+        the webhook restarted on its port (so the next review is decided by it)."""
+        write_policy(self.plane, text)
+        self.stop_webhook()
+        policy = Path(self.args[self.args.index("--policy") + 1])
+        policy.write_text(text)
+        self.start_webhook()
+
     def webhook_timeout(self) -> float:
         stored = json.loads(
             self.plane.kubectl(
@@ -124,6 +133,20 @@ def mounted_files(api: client.ApiClient, folder: Path) -> tuple[Path, Path, Path
     return paths[0], paths[1], folder / "policy.yaml"
 
 
+def write_policy(plane: ControlPlane, text: str) -> None:
+    """Put ``text`` in the policy ConfigMap, as an operator would edit it."""
+    plane.kubectl(
+        "patch",
+        "configmap",
+        "gpushare-webhook-policy",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        json.dumps({"data": {"policy.yaml": text}}),
+    )
+
+
 def point_webhook_at(plane: ControlPlane, url: str, name: str = "gpushare-webhook") -> None:
     """Call ``url`` instead of the Service: nothing on loopback routes a ClusterIP."""
     stored = json.loads(
@@ -139,11 +162,14 @@ def point_webhook_at(plane: ControlPlane, url: str, name: str = "gpushare-webhoo
     )
 
 
-def install(plane: ControlPlane, folder: Path, *, workers: int | None = 1) -> Installed:
+def install(
+    plane: ControlPlane, folder: Path, *, workers: int | None = 1, policy: str | None = None
+) -> Installed:
     """Apply, issue certificates, serve; stop ``installed.server`` when done.
 
     One worker by default, so that a scrape of /metrics counts every review
-    at once; ``workers=None`` serves with the default of ``serve``.
+    at once; ``workers=None`` serves with the default of ``serve``. With
+    ``policy``, that text replaces the shipped policy in the ConfigMap.
     """
     folder.mkdir(parents=True, exist_ok=True)
     plane.kubectl(
@@ -158,12 +184,14 @@ def install(plane: ControlPlane, folder: Path, *, workers: int | None = 1) -> In
     first = install_certs(certs_kubeconfig)
     if first.returncode != 0:
         raise RuntimeError(f"certs install failed: {first.stderr.strip()}")
+    if policy is not None:
+        write_policy(plane, policy)
     api = api_client(plane.kubeconfig)
-    cert, key, policy = mounted_files(api, folder / "mounted")
+    cert, key, policy_file = mounted_files(api, folder / "mounted")
     webhook_kubeconfig = service_account_kubeconfig(plane, "gpushare-webhook", folder)
     port = free_port()
     args = [
-        *("--cert", str(cert), "--key", str(key), "--policy", str(policy)),
+        *("--cert", str(cert), "--key", str(key), "--policy", str(policy_file)),
         *(("--workers", str(workers)) if workers else ()),
         *("--watch-nodes", "--kubeconfig", str(webhook_kubeconfig)),
     ]
