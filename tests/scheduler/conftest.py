@@ -10,7 +10,7 @@ CI=true a missing source or a failing build fails every test of the tier.
 ``cluster`` is the SchedulingPlane in whatever scheduler configuration it
 was last put; ``scheduler`` is the same cluster, once per configuration
 (tests using it run grouped by configuration, so kube-scheduler restarts
-once). ``installed`` is the webhook installed into it as the apiserver
+about once). ``installed`` is the webhook installed into it as the apiserver
 tier installs it. ``namespace`` and ``gpu_node`` clean up after a test.
 """
 
@@ -100,9 +100,16 @@ def cluster(
 
 
 @pytest.fixture(scope="session", params=scheduling.CONFIGURATIONS)
-def scheduler(cluster: SchedulingPlane, request: pytest.FixtureRequest) -> SchedulingPlane:
-    """The cluster with kube-scheduler in configuration ``request.param``."""
-    cluster.use(request.param)
+def configuration(request: pytest.FixtureRequest) -> str:
+    """A scheduler configuration (of scheduling.CONFIGURATIONS); session-scoped so the tests
+    run grouped by it. ``@pytest.mark.parametrize("configuration", ["profiles"])`` picks one."""
+    return str(request.param)
+
+
+@pytest.fixture
+def scheduler(cluster: SchedulingPlane, configuration: str) -> SchedulingPlane:
+    """The cluster with kube-scheduler in ``configuration`` (restarted only when it changes)."""
+    cluster.use(configuration)
     return cluster
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from tests.controlplane.install import NS, Installed
@@ -51,9 +52,11 @@ def test_a_gpu_pod_is_bound_by_the_extender_and_runs(
     assert (seen["totalGPU"], seen["usedGPU"]) == (64, 4)
 
 
+# The shipped policy names gpushare-scheduler: only the "profiles" configuration has it.
+@pytest.mark.parametrize("configuration", ["profiles"])
 def test_a_pod_the_webhook_mutated_is_bound_and_runs(
     installed: Installed,
-    cluster: SchedulingPlane,
+    scheduler: SchedulingPlane,
     api: client.ApiClient,
     namespace: str,
     gpu_node: Callable[..., dict[str, Any]],
@@ -68,6 +71,7 @@ def test_a_pod_the_webhook_mutated_is_bound_and_runs(
     pod = wait_running(api, namespace, "mutated")
 
     assert installed.reviews() == before + 1
+    assert pod["spec"]["schedulerName"] == GPUSHARE_SCHEDULER
     assert pod["spec"]["nodeName"] == node
     assert pod["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_POD"] == "8"
-    assert device_of(cluster, node, namespace, "mutated") is not None
+    assert device_of(scheduler, node, namespace, "mutated") is not None
