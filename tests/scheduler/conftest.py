@@ -12,6 +12,7 @@ was last put; ``scheduler`` is the same cluster, once per configuration
 (tests using it run grouped by configuration, so kube-scheduler restarts
 about once). ``installed`` is the webhook installed into it as the apiserver
 tier installs it. ``namespace`` and ``gpu_node`` clean up after a test.
+``pipeline`` bundles them for the tests that take pods through all of it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tests.controlplane import build, extender, scheduling
 from tests.controlplane.install import Installed, api_client, install
 from tests.controlplane.scheduling import SchedulingPlane, put_gpu_node
 from tests.helpers import eventually, unavailable
+from tests.scheduler.helpers import Pipeline
 
 _BUILT = pytest.StashKey[tuple[build.Binaries, scheduling.Programs] | str]()
 _SKIPPED = pytest.StashKey[str]()
@@ -161,6 +163,19 @@ def gpu_node(api: client.ApiClient) -> Iterator[Callable[..., dict[str, Any]]]:
     for name in made:
         with contextlib.suppress(ApiException):
             core.delete_node(name)
+
+
+@pytest.fixture
+def pipeline(
+    installed: Installed,
+    scheduler: SchedulingPlane,
+    api: client.ApiClient,
+    namespace: str,
+    gpu_node: Callable[..., dict[str, Any]],
+) -> Pipeline:
+    """The webhook installed into the cluster with kube-scheduler in ``configuration``, a
+    namespace and fake GPU nodes of the test's own: tests.scheduler.helpers.Pipeline."""
+    return Pipeline(installed, scheduler, api, namespace, gpu_node)
 
 
 @pytest.hookimpl(wrapper=True)
