@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
-from tests.controlplane.install import NS, Installed
+from tests.controlplane.install import Installed, render_manifests
 from tests.controlplane.scheduling import ANNOTATIONS, GPUSHARE_SCHEDULER, SchedulingPlane
 from tests.scheduler.helpers import (
     create_pod,
@@ -20,6 +21,9 @@ from tests.scheduler.helpers import (
     wait_running,
 )
 
+OPTED_OUT = {"gpushare-webhook.io/injection": "disabled"}  # the webhook configuration skips it
+POLICY = "gpushare-webhook-policy"
+
 
 def test_a_gpu_pod_is_bound_by_the_extender_and_runs(
     scheduler: SchedulingPlane,
@@ -27,6 +31,9 @@ def test_a_gpu_pod_is_bound_by_the_extender_and_runs(
     namespace: str,
     gpu_node: Callable[..., dict[str, Any]],
 ) -> None:
+    # The extender alone: once another test has installed the webhook, it would set the pod
+    # up under whatever policy that test left; this namespace opts out of it.
+    client.CoreV1Api(api).patch_namespace(namespace, {"metadata": {"labels": OPTED_OUT}})
     node = f"gpu-{scheduler.configuration}"
     stored = gpu_node(node, gpus=4, memory=16)
     assert stored["status"]["allocatable"]["aliyun.com/gpu-mem"] == "64"
@@ -61,8 +68,13 @@ def test_a_pod_the_webhook_mutated_is_bound_and_runs(
     namespace: str,
     gpu_node: Callable[..., dict[str, Any]],
 ) -> None:
-    shipped = client.CoreV1Api(api).read_namespaced_config_map("gpushare-webhook-policy", NS)
-    installed.set_policy(shipped.data["policy.yaml"])  # the webhook restarted with it
+    # The policy as shipped, from the manifests (other tests change the ConfigMap).
+    (shipped,) = [
+        doc
+        for doc in yaml.safe_load_all(render_manifests())
+        if doc and doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == POLICY
+    ]
+    installed.set_policy(shipped["data"]["policy.yaml"])  # the webhook restarted with it
     node = "gpu-webhook"
     gpu_node(node, gpus=2, memory=24)
     before = installed.reviews()
