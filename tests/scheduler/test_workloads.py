@@ -33,14 +33,14 @@ def test_a_deployments_and_a_jobs_pods_are_set_up_placed_and_run(pipeline: Pipel
     node = pipeline.node("workloads", gpus=2, memory=8)
     apps, batch = client.AppsV1Api(pipeline.api), client.BatchV1Api(pipeline.api)
     labels = {"app": "serving"}
-    deployment = {
+    deployment: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": "serving"},
         "spec": {"replicas": 2, "selector": {"matchLabels": labels},
                  "template": template("serving", "3")},
     }  # fmt: skip
-    job = {
+    job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": "train"},
@@ -61,9 +61,10 @@ def test_a_deployments_and_a_jobs_pods_are_set_up_placed_and_run(pipeline: Pipel
             assert check_agreement(pod)["main"]["CUDA_DEVICE_MEMORY_LIMIT"] == 3 * 1024
 
         # KWOK runs a Job's pod, then ends it (its pod-complete stage): the Job succeeds.
-        eventually(lambda: (batch.read_namespaced_job(job["metadata"]["name"],
-                                                      pipeline.namespace).status.succeeded == 1),
-                   timeout=60)  # fmt: skip
+        def succeeded() -> bool:
+            return bool(batch.read_namespaced_job("train", pipeline.namespace).status.succeeded)
+
+        eventually(succeeded, timeout=60)
         (trained,) = pods_of(pipeline, "train")
         assert trained["status"]["phase"] == "Succeeded"
         assert trained["spec"]["nodeName"] == node
