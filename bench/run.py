@@ -2,6 +2,7 @@
 
     python bench/run.py [--quick]
     python bench/run.py --apiserver [--quick]   (through the real kube-apiserver)
+    python bench/run.py --scheduler [--quick]   (create to bound: kube-scheduler, the extender)
 
 Starts ``gpushare-webhook serve`` as deployed (gunicorn, TLS, the project's
 own certificates) and the floor (``bench/floor.py``: json.loads and a fixed
@@ -316,7 +317,20 @@ def main() -> int:
         help="run only the memory of the server as deployed (bench/memory.py) and write it "
         "under the key 'memory' of --out",
     )
+    parser.add_argument(
+        "--scheduler",
+        action="store_true",
+        help="run only pods from create to bound and Running through kube-scheduler, the GPU "
+        "share scheduler extender and KWOK's fake nodes (bench/scheduler.py; needs Go and "
+        "GPUSHARE_EXTENDER_SOURCE) and write it under the key 'scheduler' of --out",
+    )
     args = parser.parse_args()
+    if args.scheduler:
+        missing = _scheduling_tier_missing()
+        if missing:
+            print(f"bench --scheduler: {missing}", file=sys.stderr)
+            return 2
+        return cluster_part("scheduler", Path(args.out), quick=args.quick)
     if args.apiserver:
         return cluster_part("apiserver", Path(args.out), quick=args.quick)
     if args.memory:
@@ -447,16 +461,30 @@ def main() -> int:
     return 0
 
 
+def _scheduling_tier_missing() -> str | None:
+    """Why the scheduling tier cannot be built here (no Go, no extender source), if so."""
+    from tests.controlplane import build, extender
+
+    try:
+        build.find_go()
+        extender.source()
+    except build.Unavailable as error:
+        return str(error).splitlines()[0]
+    return None
+
+
 def cluster_part(name: str, out: Path, *, quick: bool) -> int:
-    """A part that runs against the tests' control plane: bench/apiserver.py or bench/memory.py."""
+    """A part that runs against the tests' control plane: bench/apiserver.py, bench/memory.py
+    or bench/scheduler.py."""
     import importlib
 
     from tests.controlplane.build import Unavailable
+    from tests.controlplane.cluster import ControlPlaneError
 
     part = importlib.import_module(f"bench.{name}")
     try:
         found = part.run(quick)
-    except (Unavailable, RuntimeError, OSError) as error:
+    except (Unavailable, ControlPlaneError, RuntimeError, OSError) as error:
         print(f"bench --{name}: {str(error).splitlines()[0]}", file=sys.stderr)
         return 1
     part.report(found)
