@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node, placement_key
+from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node, placement_key, uncounted
 from webhook.decision.nodes import (
     NodeStatus,
     NodeView,
@@ -28,8 +28,8 @@ from webhook.errors import SnapshotError
         ({"aliyun.com/gpu-mem": "96", "aliyun.com/gpu-count": "4"}, (24, 4)),
         ({"aliyun.com/gpu-mem": "15", "aliyun.com/gpu-count": "2"}, (7, 2)),  # round down
         ({"aliyun.com/gpu-mem": "2", "aliyun.com/gpu-count": "2"}, (1, 2)),  # one unit each
-        ({"aliyun.com/gpu-mem": "16"}, (16, 1)),  # memory only: one card
-        ({"aliyun.com/gpu-mem": "16", "aliyun.com/gpu-count": "0"}, (16, 1)),
+        ({"aliyun.com/gpu-mem": "16"}, None),  # memory only: the extender makes no GPU
+        ({"aliyun.com/gpu-mem": "16", "aliyun.com/gpu-count": "0"}, None),
         ({"aliyun.com/gpu-mem": "1", "aliyun.com/gpu-count": "2"}, None),  # under one unit
         ({"aliyun.com/gpu-mem": "0", "aliyun.com/gpu-count": "1"}, None),
         ({"aliyun.com/gpu-mem": "lots", "aliyun.com/gpu-count": "1"}, None),
@@ -41,6 +41,38 @@ from webhook.errors import SnapshotError
 def test_gpu_node_from_capacity(capacity: dict[str, str], expected: tuple[int, int] | None) -> None:
     node = gpu_node(NodeFacts("n1", {}, capacity), DEFAULT_POLICY)
     assert (node and (node.gpu_memory, node.gpu_count)) == expected
+
+
+@pytest.mark.parametrize(
+    ("capacity", "expected"),
+    [
+        ({"aliyun.com/gpu-mem": "16"}, (16, 1)),  # memory only: ACK's scheduler sees one card
+        ({"aliyun.com/gpu-mem": "16", "aliyun.com/gpu-count": "0"}, (16, 1)),
+        ({"aliyun.com/gpu-mem": "96", "aliyun.com/gpu-count": "4"}, (24, 4)),
+    ],
+)
+def test_a_node_without_a_count_is_one_gpu_under_ack(
+    capacity: dict[str, str], expected: tuple[int, int]
+) -> None:
+    node = gpu_node(NodeFacts("n1", {}, capacity), parse_policy({"scheduler": "ack"}))
+    assert node
+    assert (node.gpu_memory, node.gpu_count) == expected
+
+
+def test_nodes_without_a_count_are_named_where_the_scheduler_sees_no_gpu() -> None:
+    facts = [
+        NodeFacts("counted", {}, {"aliyun.com/gpu-mem": "16", "aliyun.com/gpu-count": "2"}),
+        NodeFacts("countless", {}, {"aliyun.com/gpu-mem": "16"}),
+        NodeFacts("cpu-only", {}, {"cpu": "8"}),
+    ]
+    assert uncounted(facts, DEFAULT_POLICY) == ("countless",)
+    assert uncounted(facts, parse_policy({"scheduler": "ack"})) == ()
+    synced = NodeStatus(watching=True, tried=True, synced=True)
+    assert view_of(facts, synced, DEFAULT_POLICY).uncounted == ("countless",)
+    # Only nodes without a count: the policy's size stands in, and the note says why.
+    alone = view_of(facts[1:], synced, DEFAULT_POLICY)
+    assert alone.nodes is None
+    assert "no node reports both aliyun.com/gpu-mem and aliyun.com/gpu-count" in alone.note
 
 
 def test_gpu_node_follows_the_policy_resource_names() -> None:

@@ -180,9 +180,11 @@ def test_node_fallback_is_a_warning_and_a_count() -> None:
 
 def test_known_nodes_are_reported() -> None:
     nodes = (GpuNode("a", 80, 8), GpuNode("b", 24, 1))
-    client = make(nodes=Fixed(NodeView(nodes=nodes), NodeStatus(True, True, True, True, "", 5)))
+    view = NodeView(nodes=nodes, uncounted=("c",))
+    client = make(nodes=Fixed(view, NodeStatus(True, True, True, True, "", 5)))
     values = scrape(client)
     assert values["gpushare_gpu_nodes"] == 2
+    assert values["gpushare_gpu_nodes_without_count"] == 1
     assert values["gpushare_nodes_known"] == 5
     assert values["gpushare_largest_gpu_memory_bytes"] == 80 * 2**30
     assert values["gpushare_gpu_sizes_from_policy"] == 0

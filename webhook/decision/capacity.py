@@ -41,18 +41,21 @@ class NodeFacts:
 
 
 def gpu_node(facts: NodeFacts, policy: Policy) -> GpuNode | None:
-    """The node's single-GPU memory, or None when it reports no (usable) GPU memory.
+    """The node's single-GPU memory, or None when it has no GPU the scheduler can use.
 
     The GPU-share device plugin reports the node's total memory under the
     memory resource and the number of cards under the count resource; one
-    card is the total over the count (rounded down: a card never has more).
+    card is the total over the count (rounded down: a card never has more),
+    as the scheduler divides it. A node that reports memory but no count has
+    the policy's scheduler's ``countless_gpus``: none for the open-source
+    extender (it makes no device there), one card for ACK's.
     """
     memory = _whole(facts.capacity.get(policy.resource_name))
     if not memory:
         return None
     count = _whole(facts.capacity.get(policy.multi_gpu.resource_name))
-    count = count if count else 1  # an older plugin reports memory only: one card
-    if memory // count < 1:
+    count = count or policy.placed_by.countless_gpus
+    if not count or memory // count < 1:
         return None
     return GpuNode(
         name=facts.name, gpu_memory=memory // count, gpu_count=count, labels=facts.labels
@@ -62,6 +65,18 @@ def gpu_node(facts: NodeFacts, policy: Policy) -> GpuNode | None:
 def gpu_nodes(facts: Sequence[NodeFacts], policy: Policy) -> tuple[GpuNode, ...]:
     found = (gpu_node(f, policy) for f in facts)
     return tuple(node for node in found if node is not None)
+
+
+def uncounted(facts: Sequence[NodeFacts], policy: Policy) -> tuple[str, ...]:
+    """The nodes that report GPU memory but no GPU count, where the scheduler counts no GPU."""
+    if policy.placed_by.countless_gpus:
+        return ()
+    return tuple(
+        f.name
+        for f in facts
+        if _whole(f.capacity.get(policy.resource_name))
+        and not _whole(f.capacity.get(policy.multi_gpu.resource_name))
+    )
 
 
 def _whole(raw: str | None) -> int:

@@ -25,6 +25,7 @@ from webhook.decision.capacity import (
     limits_from_policy,
     limits_over,
     placement_key,
+    uncounted,
 )
 from webhook.decision.policy import Policy
 from webhook.errors import SnapshotError
@@ -58,9 +59,18 @@ class NodeView:
 
     MAX_PLACEMENTS = 512  # remembered at once; more are worked out again
 
-    def __init__(self, nodes: Sequence[GpuNode] | None = None, note: str = "") -> None:
+    def __init__(
+        self,
+        nodes: Sequence[GpuNode] | None = None,
+        note: str = "",
+        *,
+        uncounted: Sequence[str] = (),
+    ) -> None:
         self.nodes: tuple[GpuNode, ...] | None = tuple(nodes) if nodes else None
         self.note = note
+        # Nodes that report GPU memory but no GPU count: the scheduler counts
+        # no GPU there, so they bound no pod (the node watch logs them).
+        self.uncounted = tuple(uncounted)
         self._bounds: dict[str, GpuLimits] = {}
 
     def limits(self, spec: Mapping[str, Any], policy: Policy) -> GpuLimits:
@@ -84,10 +94,18 @@ def view_of(facts: Iterable[NodeFacts], status: NodeStatus, policy: Policy) -> N
     if not status.synced:
         why = status.problem or "not read yet"
         return NodeView(note=f"{fallback}: the cluster's node list is not available ({why})")
-    nodes = gpu_nodes(tuple(facts), policy)
+    facts = tuple(facts)
+    nodes, missing = gpu_nodes(facts, policy), uncounted(facts, policy)
     if not nodes:
-        return NodeView(note=f"{fallback}: no node reports {policy.resource_name}")
-    return NodeView(nodes)
+        why = f"no node reports {policy.resource_name}"
+        if missing:
+            why = (
+                f"no node reports both {policy.resource_name} and "
+                f"{policy.multi_gpu.resource_name}, and {policy.placed_by.title} counts no GPU "
+                "on a node without the count"
+            )
+        return NodeView(note=f"{fallback}: {why}", uncounted=missing)
+    return NodeView(nodes, uncounted=missing)
 
 
 class NodeSource(Protocol):

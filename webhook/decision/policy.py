@@ -45,6 +45,7 @@ MemoryUnit = Literal["GiB", "MiB"]
 Enforcement = Literal["enforce", "warn"]
 ComputeDefault = Literal["none", "proportional"] | int
 MultiGpuMemory = Literal["total", "perDevice"]
+SchedulerKind = Literal["gpushare-extender", "ack"]
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A qualified resource name: optional DNS prefix, a slash, then a name part.
@@ -179,6 +180,54 @@ class Security:
     )
 
 
+@dataclass(frozen=True)
+class Scheduler:
+    """What a GPU-share scheduler reserves and reads: the rules a pod's set-up must agree with.
+
+    The scheduler decides where a pod runs and how much of a GPU is held
+    for it there; a shim limit above what it holds would let a container
+    take a neighbour's memory, and a form it does not read would leave the
+    pod Pending or on fewer GPUs than its limits say.
+    """
+
+    title: str  # for messages: "the GPU Share Scheduler Extender"
+    scheduler_name: str  # the schedulerName its install serves (the policy's default)
+    spans_gpus: bool  # reads a pod's GPU count (ACK's label, or a container resource)
+    reserves_init: bool  # holds the larger of the app containers' sum and the largest init
+    countless_gpus: int  # GPUs of a node that reports memory but no count
+    one_gpu_container: bool  # its device plugin hands the GPU to one container of a pod
+
+
+# NB: read from each scheduler's own source or documentation (docs/schedulers.md).
+SCHEDULERS: dict[str, Scheduler] = {
+    # github.com/AliyunContainerService/gpushare-scheduler-extender: its filter and bind
+    # sum the app containers' limits only (pkg/utils/pod.go), place a pod on one GPU,
+    # and give a node without aliyun.com/gpu-count no devices (pkg/cache/nodeinfo.go).
+    # Its install guide adds it to the default profile of kube-scheduler.
+    "gpushare-extender": Scheduler(
+        title="the GPU Share Scheduler Extender",
+        scheduler_name="default-scheduler",
+        spans_gpus=False,
+        reserves_init=False,
+        countless_gpus=0,
+        # Its device plugin (gpushare-device-plugin, pkg/gpu/nvidia/allocate.go) matches
+        # one container's ask to a pod's sum, once per pod.
+        one_gpu_container=True,
+    ),
+    # Alibaba Cloud ACK's managed scheduler, as its GPU-sharing documentation describes
+    # it: the aliyun.com/gpu-count label spans GPUs of one node, a pod is held as
+    # kube-scheduler holds any resource (init containers included), in the default profile.
+    "ack": Scheduler(
+        title="ACK's GPU-sharing scheduler",
+        scheduler_name="default-scheduler",
+        spans_gpus=True,
+        reserves_init=True,
+        countless_gpus=1,
+        one_gpu_container=False,
+    ),
+}
+
+
 _ENFORCEMENT_DOC = "enforce (refuse) or warn (admit, with a warning per refusal)"
 
 
@@ -195,11 +244,17 @@ class NamespacePolicy:
 class Policy:
     """The effective policy, defaults filled in."""
 
+    scheduler: SchedulerKind = setting(
+        "scheduler",
+        "gpushare-extender",
+        Choice(tuple(SCHEDULERS)),
+        "the GPU-share scheduler: gpushare-extender (open source) or ack",
+    )
     scheduler_name: str = setting(
         "schedulerName",
-        "gpushare-scheduler",
-        String(DNS_LABELS, "a scheduler name such as gpushare-scheduler"),
-        "set on every GPU-memory pod",
+        "default-scheduler",
+        String(DNS_LABELS, "a scheduler name such as default-scheduler"),
+        "set on every GPU-memory pod; a profile of the scheduler",
     )
     resource_name: str = setting(
         "resourceName",
@@ -235,6 +290,11 @@ class Policy:
     )
 
     @property
+    def placed_by(self) -> Scheduler:
+        """The scheduler whose reservations the pod's set-up must agree with."""
+        return SCHEDULERS[self.scheduler]
+
+    @property
     def mib_per_unit(self) -> int:
         return 1024 if self.memory_unit == "GiB" else 1
 
@@ -263,6 +323,8 @@ def parse_policy(document: object) -> Policy:
     if policy.memory_unit == "MiB" and "gpuMemory" not in document:
         # NB: the default is 16 GiB in either unit; read as MiB it would be 16 MiB.
         policy = replace(policy, gpu_memory=DEFAULT_POLICY.gpu_memory * 1024)
+    if "schedulerName" not in document:
+        policy = replace(policy, scheduler_name=policy.placed_by.scheduler_name)
     _cross_check(policy)
     return policy
 

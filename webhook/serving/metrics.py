@@ -266,6 +266,11 @@ class LiveState(Collector):
         )
         yield _gauge("gpushare_nodes_known", "Nodes the watch knows, GPU or not", status.nodes)
         yield _gauge("gpushare_gpu_nodes", "Nodes that report GPU memory", len(gpu_nodes))
+        yield _gauge(
+            "gpushare_gpu_nodes_without_count",
+            "Nodes that report GPU memory but no GPU count, where the scheduler counts no GPU",
+            len(view.uncounted),
+        )
         largest = max((n.gpu_memory for n in gpu_nodes), default=policy.gpu_memory)
         yield _gauge(
             "gpushare_largest_gpu_memory_bytes",

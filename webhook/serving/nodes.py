@@ -77,5 +77,15 @@ class SharedNodes:
             return cache[2]
         status, facts = snapshot
         view = view_of(facts, status, policy)
+        if view.uncounted and (cache is None or cache[2].uncounted != view.uncounted):
+            log.warning(
+                "%d node(s) report %s but no %s, so %s places no GPU pod on them: %s; "
+                "the GPU-share device plugin reports both",
+                len(view.uncounted),
+                policy.resource_name,
+                policy.multi_gpu.resource_name,
+                policy.placed_by.title,
+                ", ".join(view.uncounted[:10]) + (", ..." if len(view.uncounted) > 10 else ""),
+            )
         self._cache = (snapshot, policy, view)
         return view
