@@ -59,7 +59,7 @@ def test_workload_templates_are_mutated(kind: str, api: str, path: tuple[str, ..
         doc = doc[key]
     env = {e["name"]: e["value"] for e in doc["spec"]["containers"][0]["env"]}
     assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"
-    assert doc["spec"]["schedulerName"] == "gpushare-scheduler"
+    assert doc["spec"]["schedulerName"] == "default-scheduler"
     assert "gpushare-webhook.io/status" in doc["metadata"]["annotations"]
 
 
@@ -84,8 +84,10 @@ spec:
 """
 
 
-def test_the_gpu_count_label_of_a_pod_template_splits_the_memory() -> None:
-    code, out, err = run_mutate(ACK_MULTI_GPU_JOB)
+def test_the_gpu_count_label_of_a_pod_template_splits_the_memory(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("scheduler: ack\n")
+    code, out, err = run_mutate(ACK_MULTI_GPU_JOB, "--policy", str(policy))
     assert code == 0, err
     env = yaml.safe_load(out)["spec"]["template"]["spec"]["containers"][0]["env"]
     limits = {e["name"]: e["value"] for e in env if "MEMORY_LIMIT" in e["name"]}
@@ -350,7 +352,8 @@ def test_policy_check_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["policy", "show", str(good)]) == 0
     shown = yaml.safe_load(capsys.readouterr().out)
     assert shown["gpuMemory"] == 24
-    assert shown["schedulerName"] == "gpushare-scheduler"
+    assert shown["scheduler"] == "gpushare-extender"
+    assert shown["schedulerName"] == "default-scheduler"
 
 
 def test_console_script_is_installed() -> None:
@@ -493,11 +496,13 @@ def test_mutate_under_warn_admits_and_says_what_would_be_refused(tmp_path: Path)
     code, out, err = run_mutate(text, "--policy", str(policy))
     assert code == 0
     lines = err.splitlines()
-    assert lines == [
+    assert lines[0] == (
         "warned: document 1 (Pod/train): container 'main' asks 40 GiB of aliyun.com/gpu-mem "
         "per GPU, but the largest GPU has 16 GiB (policy gpuMemory): the pod could never be "
         "scheduled; ask at most 16"
-    ]
+    )
+    # The other line is the admission warning any pod with two GPU containers gets.
+    assert [line.split(": ", 2)[2][:28] for line in lines[1:]] == ["containers 'main', 'ok' each"]
     mutated = yaml.safe_load(out)
     assert mutated["spec"]["containers"][1]["env"][0]["name"] == "CUDA_DEVICE_MEMORY_LIMIT"
     # The same pod in a namespace the policy does not name is refused.

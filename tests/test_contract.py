@@ -25,7 +25,9 @@ from webhook.decision.policy import DEFAULT_POLICY, parse_policy_text
 ROOT = Path(__file__).parent.parent
 COMPUTE = "aliyun.com/gpu-core.percentage"
 SHIM = DEFAULT_POLICY.shim.preload
-POLICY = parse_policy_text("compute: {default: none}\n")
+# ACK's scheduler: the only one that places a pod on several GPUs, so the
+# per-device variables of the multi-GPU label are pinned too.
+POLICY = parse_policy_text("scheduler: ack\ncompute: {default: none}\n")
 
 # Names a user might set, to loosen a limit or by accident: every pinned one,
 # per-device variants past any GPU count, and names of no concern.

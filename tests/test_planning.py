@@ -148,7 +148,7 @@ def test_each_container_gets_its_own_limit_and_others_are_untouched() -> None:
     for index in (0, 2):
         mounts = out["spec"]["containers"][index]["volumeMounts"]
         assert {"name": "gpushare-shim", "mountPath": "/usr/local/vgpu", "readOnly": True} in mounts
-    assert out["spec"]["schedulerName"] == "gpushare-scheduler"
+    assert out["spec"]["schedulerName"] == "default-scheduler"
     assert STATUS_ANNOTATION in out["metadata"]["annotations"]
 
 
@@ -334,16 +334,17 @@ def test_shape_errors_are_400_and_name_the_field() -> None:
     assert "expected a list" in decision.message
 
 
-def test_demand_is_max_of_app_sum_and_largest_init() -> None:
-    assert (
-        decide(
-            pod(container("a", gpu="4"), container("b", gpu="6"), init=[container("i", gpu="8")])
-        ).demand
-        == 10
-    )
-    assert decide(pod(container("a", gpu="4"), init=[container("i", gpu="12")])).demand == 12
+def test_demand_is_what_the_scheduler_reserves() -> None:
+    apps = (container("a", gpu="4"), container("b", gpu="6"))
+    assert decide(pod(*apps, init=[container("i", gpu="8")])).demand == 10
     assert decide(pod(container("a", gpu="16"))).allowed
     assert not decide(pod(container("a", gpu="16"), container("b", gpu="1"))).allowed
+    # The extender reserves the app containers' sum: an init container above it is refused.
+    bigger_init = pod(container("a", gpu="4"), init=[container("i", gpu="12")])
+    assert decide(bigger_init).reason == "init-exceeds-reservation"
+    # ACK's scheduler counts like kube-scheduler: the larger of the sum and the largest init.
+    ack = parse_policy({"scheduler": "ack"})
+    assert plan(bigger_init, ack, namespace="team-a").demand == 12
 
 
 def test_excluded_namespace_is_untouched() -> None:

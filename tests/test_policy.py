@@ -20,7 +20,8 @@ def test_empty_document_is_the_defaults() -> None:
 
 def test_defaults_match_the_documented_ones() -> None:
     doc = DEFAULT_POLICY.to_document()
-    assert doc["schedulerName"] == "gpushare-scheduler"
+    assert doc["scheduler"] == "gpushare-extender"
+    assert doc["schedulerName"] == "default-scheduler"
     assert doc["resourceName"] == "aliyun.com/gpu-mem"
     assert doc["memoryUnit"] == "GiB"
     assert doc["gpuMemory"] == 16

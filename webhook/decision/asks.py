@@ -131,6 +131,9 @@ def collect_asks(
                 reason="count-as-label",
             )
         )
+    if pod_gpus is not None and pod_gpus > 1 and not policy.placed_by.spans_gpus:
+        found.append(_one_gpu_only(f"the pod's label {count_name}", pod_gpus, policy))
+        pod_gpus = None  # each container is still read, for its own problems
     asks = []
     for kind, index, container in every:
         try:
@@ -160,6 +163,10 @@ def _ask(
     memory_raw = _resource(limits_, requests, kind, container, memory_name)
     compute_raw = _resource(limits_, requests, kind, container, compute_name)
     count_raw = _resource(limits_, requests, kind, container, count_name)
+    if count_raw is not None and not policy.placed_by.spans_gpus:
+        raise _one_gpu_only(
+            f"{label(kind, container)} limit {count_name}", str(count_raw), policy, label_too=False
+        )
     if count_raw is not None and policy.multi_gpu.count_from == "label":
         raise QuantityError(
             f"{label(kind, container)} asks {count_name} as a resource, but the GPU "
@@ -195,6 +202,20 @@ def _ask(
     asked = compute_raw is not None
     name = str(container.get("name"))
     return _new(ContainerAsk, (kind, index, name, memory, gpus, compute, asked))
+
+
+def _one_gpu_only(
+    where: str, gpus: object, policy: Policy, *, label_too: bool = True
+) -> QuantityError:
+    """A count of GPUs that a scheduler placing each pod on one GPU would not read."""
+    drop = "remove the label" if label_too else f"remove {policy.multi_gpu.resource_name}"
+    return QuantityError(
+        f"{where} asks {gpus} GPUs, but {policy.placed_by.title} places a pod on one GPU "
+        f"and does not read the count: the pod would get one GPU with limits for {gpus}; "
+        f"{drop} and ask what one GPU holds (split the work over several pods), or, where "
+        "ACK's scheduler places pods, set the policy's scheduler: ack",
+        reason="multi-gpu-unsupported",
+    )
 
 
 def _label_count(labels: Mapping[str, Any], name: str) -> int | None:

@@ -48,9 +48,11 @@ def check_placement(spec: Mapping[str, Any], policy: Policy, found: Problems) ->
         found.append(
             PodError(
                 f"spec.schedulerName is {scheduler!r}, but pods that ask for "
-                f"{policy.resource_name} must be placed by {policy.scheduler_name!r}, which "
-                "tracks GPU memory per card; remove spec.schedulerName or set it to "
-                f"{policy.scheduler_name!r}",
+                f"{policy.resource_name} must be placed by {policy.scheduler_name!r}, where "
+                f"{policy.placed_by.title} tracks GPU memory per card; remove "
+                f"spec.schedulerName or set it to {policy.scheduler_name!r} (a cluster whose "
+                "scheduler serves GPU pods under another profile names it in the policy's "
+                "schedulerName)",
                 reason="scheduler-name",
             )
         )
@@ -183,7 +185,11 @@ def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits, found
                     reason="too-many-gpus",
                 )
             )
-    demand = max(app_total, init_largest)
+    if policy.placed_by.reserves_init:
+        demand = max(app_total, init_largest)
+    else:
+        demand = app_total
+        _check_init_within(asks, app_total, policy, limits, found)
     if demand > limits.largest_gpu and not too_big:
         parts = ", ".join(f"{a.name}={a.memory}" for a in asks if a.kind == "containers")
         found.append(
@@ -207,6 +213,39 @@ def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits, found
             )
         )
     return demand
+
+
+def _check_init_within(
+    asks: list[ContainerAsk], app_total: int, policy: Policy, limits: GpuLimits, found: Problems
+) -> None:
+    """Under a scheduler that holds the app containers' sum only, no init container asks more.
+
+    Its shim limit would reach past what is held for the pod on that GPU,
+    into a neighbour's share. One over the whole GPU is already named alone.
+    """
+    unit, scheduler = policy.memory_unit, policy.placed_by.title
+    for ask in asks:
+        if ask.kind == "containers" or ask.memory <= app_total or ask.memory > limits.largest_gpu:
+            continue
+        held = (
+            f"the pod's app containers together ask {app_total} {unit}"
+            if app_total
+            else "the pod's app containers ask none"
+        )
+        fix = (
+            f"ask at most {app_total} in it, or ask more in an app container"
+            if app_total
+            else f"ask {policy.resource_name} in the app container that uses the GPU"
+        )
+        found.append(
+            PodError(
+                f"{ask.label} asks {ask.memory} {unit} of {policy.resource_name}, but {held}, "
+                f"and {scheduler} holds only that on the GPU it picks (it does not count init "
+                f"containers): the init container's limit would reach into a neighbour's share; "
+                f"{fix}",
+                reason="init-exceeds-reservation",
+            )
+        )
 
 
 def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout, found: Problems) -> None:

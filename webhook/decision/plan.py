@@ -233,7 +233,7 @@ def _plan(
     # Under warn, a pod with problems gets here too: its readable asks are set
     # up, and the scheduler it named, which enforce would refuse, is kept.
     keep_scheduler = any(e.reason == "scheduler-name" for e in found)
-    warnings = _claim_warnings(spec, policy)
+    warnings = _claim_warnings(spec, policy) + _device_plugin_warnings(asks, policy)
     ops = [] if keep_scheduler else inject.scheduler_ops(spec, policy)
     ops += inject.volume_ops(spec, shape)
     for ask, container, base in places:  # no token of base needs JSON-Pointer escaping
@@ -266,6 +266,27 @@ def _claim_warnings(spec: Mapping[str, Any], policy: Policy) -> list[str]:
         f"the pod also claims devices through Dynamic Resource Allocation "
         f"(spec.resourceClaims: {names}); the GPU shim limits the memory asked with "
         f"{policy.resource_name} only, not a GPU a claim allocates"
+    ]
+
+
+def _device_plugin_warnings(asks: list[ContainerAsk], policy: Policy) -> list[str]:
+    """A note for a pod whose GPU memory is asked in more than one container, open-source stack.
+
+    The gpushare device plugin, asked for one container's devices, looks for
+    a pod bound by the extender whose app containers' sum equals that one
+    container's ask (pkg/gpu/nvidia/allocate.go), and marks it served: the
+    pod's other GPU containers find no match and, on a node with more than
+    one GPU, start without one. Their limits still hold, so this is a
+    warning, not a refusal.
+    """
+    if len(asks) < 2 or not policy.placed_by.one_gpu_container:
+        return []
+    names = ", ".join(repr(ask.name) for ask in asks)
+    return [
+        f"containers {names} each ask {policy.resource_name}: the GPU-share device plugin "
+        "hands the GPU the extender picked to one container whose own ask equals the pod's "
+        "app containers' sum, so on a node with more than one GPU the others start without a "
+        f"GPU; ask the pod's {policy.resource_name} in one container"
     ]
 
 
