@@ -6,8 +6,8 @@ Starts the scheduling tier of the tests (tests/controlplane/scheduling.py:
 the control plane, kube-scheduler in the extender's install-guide
 configuration, the real GPU Share Scheduler Extender, KWOK playing 100
 fake nodes of 4 GPUs x 16 GiB), installs the webhook from the manifests as
-deployed (the shipped policy, its schedulerName left to the default,
-default-scheduler), then creates GPU pods (1 to 4 GiB) from 1 and 8
+deployed (the shipped policy: the extender in default-scheduler), then
+creates GPU pods (1 to 4 GiB) from 1 and 8
 creator threads, each on its own keep-alive connection, each creating its
 next pod once its last one runs; and from 1 creator paced to a pod every
 0.6 s, below the rate the extender binds at. Rounds with the webhook
@@ -69,18 +69,15 @@ GOAL = 0.10  # the webhook's share of create-to-bound p50 at 8 creators
 POD_TIMEOUT = 120.0
 
 
-def _default_policy() -> str:
-    """The shipped policy (the manifests' ConfigMap) with schedulerName left to the default,
-    which is the install-guide configuration's default-scheduler."""
+def _shipped_policy() -> str:
+    """The shipped policy (the manifests' ConfigMap): default-scheduler, as the install guide."""
     for document in yaml.safe_load_all(render_manifests()):
         if (
             document
             and document.get("kind") == "ConfigMap"
             and "policy.yaml" in document.get("data", {})
         ):
-            policy = yaml.safe_load(document["data"]["policy.yaml"]) or {}
-            policy.pop("schedulerName", None)
-            return str(yaml.safe_dump(policy, sort_keys=False))
+            return str(document["data"]["policy.yaml"])
     raise RuntimeError("the manifests hold no policy ConfigMap")
 
 
@@ -396,7 +393,7 @@ def run(quick: bool) -> dict[str, Any]:
     with scheduling.running(
         root / "cluster", binaries, programs, configuration="install-guide"
     ) as plane:
-        installed = install(plane, root / "webhook", workers=None, policy=_default_policy())
+        installed = install(plane, root / "webhook", workers=None, policy=_shipped_policy())
         watch: Watch | None = None
         try:
             admin = api_client(plane.kubeconfig)

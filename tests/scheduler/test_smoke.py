@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 import yaml
 from kubernetes import client
 
@@ -59,8 +58,6 @@ def test_a_gpu_pod_is_bound_by_the_extender_and_runs(
     assert (seen["totalGPU"], seen["usedGPU"]) == (64, 4)
 
 
-# The shipped policy names gpushare-scheduler: only the "profiles" configuration has it.
-@pytest.mark.parametrize("configuration", ["profiles"])
 def test_a_pod_the_webhook_mutated_is_bound_and_runs(
     installed: Installed,
     scheduler: SchedulingPlane,
@@ -75,7 +72,7 @@ def test_a_pod_the_webhook_mutated_is_bound_and_runs(
         if doc and doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == POLICY
     ]
     installed.set_policy(shipped["data"]["policy.yaml"])  # the webhook restarted with it
-    node = "gpu-webhook"
+    node = f"webhook-{scheduler.configuration}"
     gpu_node(node, gpus=2, memory=24)
     before = installed.reviews()
     create_pod(api, namespace, gpu_pod("mutated", "8"))
@@ -83,7 +80,8 @@ def test_a_pod_the_webhook_mutated_is_bound_and_runs(
     pod = wait_running(api, namespace, "mutated")
 
     assert installed.reviews() == before + 1
-    assert pod["spec"]["schedulerName"] == GPUSHARE_SCHEDULER
+    # The shipped policy: the extender's install guide, default-scheduler (every configuration).
+    assert pod["spec"]["schedulerName"] == "default-scheduler"
     assert pod["spec"]["nodeName"] == node
     assert pod["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_POD"] == "8"
     assert device_of(scheduler, node, namespace, "mutated") is not None
