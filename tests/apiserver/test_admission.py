@@ -14,9 +14,11 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from tests.apiserver.helpers import (
@@ -136,9 +138,16 @@ def test_the_gpu_count_label_of_acks_sample_job_reaches_its_pod(cluster: Install
             }
         },
     }
-    cluster.plane.kubectl("apply", "-n", TEAM, "-f", "-", stdin=json.dumps(job))
-    core = client.CoreV1Api(cluster.api)
-    eventually(lambda: core.list_namespaced_pod(TEAM, label_selector="app=multigpu").items)
+    # Only ACK's scheduler reads the label; the open-source extender's default refuses it.
+    served = Path(cluster.args[cluster.args.index("--policy") + 1])
+    before = served.read_text()
+    cluster.set_policy(yaml.safe_dump({**(yaml.safe_load(before) or {}), "scheduler": "ack"}))
+    try:
+        cluster.plane.kubectl("apply", "-n", TEAM, "-f", "-", stdin=json.dumps(job))
+        core = client.CoreV1Api(cluster.api)
+        eventually(lambda: core.list_namespaced_pod(TEAM, label_selector="app=multigpu").items)
+    finally:
+        cluster.set_policy(before)
     (made,) = core.list_namespaced_pod(TEAM, label_selector="app=multigpu").items
     env = env_of(stored_pod(cluster.api, TEAM, made.metadata.name)["spec"]["containers"][0])
     limits = {k: v for k, v in env.items() if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")}
