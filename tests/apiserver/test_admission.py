@@ -61,7 +61,7 @@ def confined(stored: dict[str, Any], container: str, memory: str) -> bool:
     ]
     env = env_of(found)
     return (
-        spec["schedulerName"] == "gpushare-scheduler"
+        spec["schedulerName"] == "default-scheduler"
         and any(v["name"] == "gpushare-shim" for v in spec["volumes"])
         and any(m["name"] == "gpushare-shim" for m in found.get("volumeMounts", []))
         and env.get("CUDA_DEVICE_MEMORY_LIMIT") == memory
