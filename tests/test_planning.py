@@ -9,7 +9,14 @@ import pytest
 from tests.helpers import GPU, apply, container, pod
 from webhook.decision.capacity import GpuNode, limits_for
 from webhook.decision.nodes import NodeView
-from webhook.decision.plan import STATUS_ANNOTATION, Decision, is_gpu_pod, plan, plan_ephemeral
+from webhook.decision.plan import (
+    STATUS_ANNOTATION,
+    WOULD_REFUSE,
+    Decision,
+    is_gpu_pod,
+    plan,
+    plan_ephemeral,
+)
 from webhook.decision.policy import DEFAULT_POLICY, parse_policy, parse_policy_text
 
 
@@ -572,8 +579,8 @@ def test_under_warn_a_pod_is_admitted_with_every_refusal_as_a_warning(
     assert decision.reasons == reasons == refused.reasons
     assert decision.reason == refused.reason
     assert decision.message == refused.message
-    assert [w for w in decision.warnings if "would refuse" in w] == [
-        f"gpushare-webhook would refuse this pod: {p.message}" for p in refused.problems
+    assert [w for w in decision.warnings if w.startswith(WOULD_REFUSE)] == [
+        f"{WOULD_REFUSE}{p.message}" for p in refused.problems
     ]
     # What is set up: the containers whose asks were read, when nothing clashes.
     after = apply(obj, list(decision.patch))
