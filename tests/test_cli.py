@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import container, pod
+from tests.helpers import container, env_of, pod
 from webhook.cli import build_parser, cmd_mutate, main
 from webhook.cli.args import SERVE_DEFAULTS
 from webhook.errors import InputError
@@ -59,7 +59,7 @@ def test_workload_templates_are_mutated(kind: str, api: str, path: tuple[str, ..
     doc = yaml.safe_load(out)
     for key in path:
         doc = doc[key]
-    env = {e["name"]: e["value"] for e in doc["spec"]["containers"][0]["env"]}
+    env = env_of(doc["spec"]["containers"][0])
     assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"
     assert doc["spec"]["schedulerName"] == "default-scheduler"
     assert "gpushare-webhook.io/status" in doc["metadata"]["annotations"]
@@ -262,7 +262,7 @@ def test_every_pod_template_of_a_known_kind_is_previewed(
         node: Any = done
         for key in path.split("."):
             node = node[int(key)] if isinstance(node, list) else node[key]
-        env = {e["name"]: e["value"] for e in node["spec"]["containers"][0]["env"]}
+        env = env_of(node["spec"]["containers"][0])
         assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m", path
     removed = document["apiVersion"] in {"extensions/v1beta1", "apps/v1beta1", "apps/v1beta2"}
     if removed or document["apiVersion"] == "batch/v1beta1":

@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.cluster import ControlPlane
-from tests.helpers import container, eventually
+from tests.helpers import container, eventually, pod
 
 # What PodSecurity's "restricted" level asks of every container (the webhook's
 # own namespace enforces it).
@@ -39,12 +39,8 @@ def gpu_container(name: str = "main", gpu: str | None = "4", **extra: Any) -> di
 def pod_manifest(
     name: str, *containers: dict[str, Any], labels: dict[str, str] | None = None, **spec: Any
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {}},
-        "spec": {"containers": list(containers) or [gpu_container()], **spec},
-    }
+    """tests.helpers.pod named ``name``, to create in the namespace a test chooses."""
+    return pod(*containers, name=name, namespace=None, labels=labels or {}, **spec)
 
 
 def create_namespace(
@@ -147,10 +143,6 @@ def delete_nodes(api: client.ApiClient) -> None:
         with contextlib.suppress(ApiException):
             core.delete_node(node.metadata.name)
     eventually(lambda: not core.list_node().items)
-
-
-def env_of(container: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
 
 
 def process_tree(pid: int) -> list[int]:

@@ -26,7 +26,6 @@ from tests.apiserver.helpers import (
     create_namespace,
     create_pod,
     delete_pod,
-    env_of,
     gpu_container,
     pod_manifest,
     process_tree,
@@ -37,7 +36,7 @@ from tests.apiserver.helpers import (
     wait_for_service_account,
 )
 from tests.controlplane.install import NS, Installed
-from tests.helpers import GPU, eventually
+from tests.helpers import GPU, env_of, eventually
 from webhook import tls
 from webhook.decision import responses
 
