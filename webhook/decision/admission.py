@@ -51,7 +51,7 @@ class Result:
         """Why: the log line, the metric and the audit annotation all read it here."""
         if self.status != 200:
             return Reason.BAD_REQUEST
-        if self.error or self.decision is None:
+        if self.decision is None:  # a bug, answered as a refusal (``error`` says which)
             return Reason.INTERNAL
         return self.decision.reason
 

@@ -100,6 +100,9 @@ def _refused(found: list[PodError]) -> Decision:
     )
 
 
+_NOTHING_DONE = Decision(outcome="unchanged", reason=Reason.UNCHANGED)  # outcome, reason replaced
+
+
 def _warned(found: list[PodError], done: Decision | None = None) -> Decision:
     """Admitted under ``enforcement: warn``, with a warning for each refusal it would have had.
 
@@ -108,7 +111,7 @@ def _warned(found: list[PodError], done: Decision | None = None) -> Decision:
     """
     refused = _refused(found)
     warnings = tuple(f"{WOULD_REFUSE}{p.message}" for p in refused.problems)
-    base = done or Decision(outcome="warned", reason=refused.reason)
+    base = done or _NOTHING_DONE
     return dataclasses.replace(
         base,
         outcome="warned",
