@@ -43,18 +43,32 @@ def container(name: str = "main", gpu: Any = None, **extra: Any) -> dict[str, An
 
 
 def pod(
-    *containers: dict[str, Any], init: list[dict[str, Any]] | None = None, **spec: Any
+    *containers: dict[str, Any],
+    init: list[dict[str, Any]] | None = None,
+    name: str = "train",
+    namespace: str | None = "team-a",
+    labels: dict[str, str] | None = None,
+    **spec: Any,
 ) -> dict[str, Any]:
+    """A Pod of ``containers`` (one asking 4 GiB when none is given); ``spec`` adds fields.
+
+    ``namespace=None`` leaves it out: a pod created in the namespace the request names.
+    """
     body: dict[str, Any] = {"containers": list(containers) or [container(gpu="4")]}
     if init:
         body["initContainers"] = init
     body.update(spec)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "train", "namespace": "team-a"},
-        "spec": body,
-    }
+    metadata: dict[str, Any] = {"name": name}
+    if namespace is not None:
+        metadata["namespace"] = namespace
+    if labels is not None:
+        metadata["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": body}
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    """A container's env as names and values (one set from elsewhere, valueFrom: empty)."""
+    return {e["name"]: e.get("value", "") for e in container.get("env") or []}
 
 
 def review(

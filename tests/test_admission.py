@@ -23,6 +23,7 @@ from webhook.decision.decoding import MAX_UID, decode
 from webhook.decision.nodes import NodeView
 from webhook.decision.policy import DEFAULT_POLICY, Policy
 from webhook.errors import ReviewError
+from webhook.reasons import Reason
 
 
 def body(**request: Any) -> bytes:
@@ -153,8 +154,10 @@ def test_a_bug_is_answered_as_a_refusal_with_the_trace_for_the_log() -> None:
             "uid": UID,
             "allowed": False,
             "status": {"code": 500, "message": message, "reason": "InternalError"},
+            "auditAnnotations": {"decision": "error", "reason": "internal"},
         },
     }
+    assert result.reason == Reason.INTERNAL  # the log line's and the metric's too
     assert (result.outcome, result.error, result.decision) == (
         "error",
         "RuntimeError('no bounds')",

@@ -8,16 +8,18 @@ import io
 import json
 import os
 import pty
+import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.helpers import container, pod
+from tests.helpers import container, env_of, pod
 from webhook.cli import build_parser, cmd_mutate, main
 from webhook.cli.args import SERVE_DEFAULTS
 from webhook.errors import InputError
@@ -57,7 +59,7 @@ def test_workload_templates_are_mutated(kind: str, api: str, path: tuple[str, ..
     doc = yaml.safe_load(out)
     for key in path:
         doc = doc[key]
-    env = {e["name"]: e["value"] for e in doc["spec"]["containers"][0]["env"]}
+    env = env_of(doc["spec"]["containers"][0])
     assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"
     assert doc["spec"]["schedulerName"] == "default-scheduler"
     assert "gpushare-webhook.io/status" in doc["metadata"]["annotations"]
@@ -260,7 +262,7 @@ def test_every_pod_template_of_a_known_kind_is_previewed(
         node: Any = done
         for key in path.split("."):
             node = node[int(key)] if isinstance(node, list) else node[key]
-        env = {e["name"]: e["value"] for e in node["spec"]["containers"][0]["env"]}
+        env = env_of(node["spec"]["containers"][0])
         assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m", path
     removed = document["apiVersion"] in {"extensions/v1beta1", "apps/v1beta1", "apps/v1beta2"}
     if removed or document["apiVersion"] == "batch/v1beta1":
@@ -471,22 +473,59 @@ def test_mutate_says_it_waits_for_a_terminal() -> None:
     assert "reading YAML" not in piped
 
 
+def _read_until(fd: int, deadline: float, until: bytes = b"") -> bytes:
+    """What the terminal shows until ``until`` appears, it closes, or the deadline passes."""
+    seen = b""
+    while not until or until not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            break
+        try:
+            chunk = os.read(fd, 1024)
+        except OSError:  # the terminal closes with the child
+            break
+        if not chunk:
+            break
+        seen += chunk
+    return seen
+
+
 def test_ctrl_c_exits_quietly() -> None:
     """On a terminal, as a user presses it while mutate waits for its input."""
     pid, fd = pty.fork()
     if pid == 0:  # pragma: no cover - the child
+        # NB: a shell starts background jobs with SIGINT ignored, and an ignored
+        # signal stays ignored across exec: restore the default a user's terminal has.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execv(sys.executable, [sys.executable, "-m", "webhook", "mutate"])
-    seen = b""
-    while b"Ctrl-D" not in seen:
-        seen += os.read(fd, 1024)
-    os.kill(pid, signal.SIGINT)
-    with contextlib.suppress(OSError):  # the terminal closes with the child
-        while chunk := os.read(fd, 1024):
-            seen += chunk
-    _, status = os.waitpid(pid, 0)
-    os.close(fd)
+    try:
+        deadline = time.monotonic() + 30
+        seen = _read_until(fd, deadline, b"Ctrl-D")
+        assert b"Ctrl-D" in seen, seen
+        os.kill(pid, signal.SIGINT)
+        seen += _read_until(fd, deadline)
+        status = _wait(pid, deadline)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(ChildProcessError):  # already reaped when it exited
+            if os.waitpid(pid, os.WNOHANG) == (0, 0):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 130
     assert b"Traceback" not in seen
+
+
+def _wait(pid: int, deadline: float) -> int:
+    """The child's wait status, or a failure once the deadline passes."""
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.05)
+    pytest.fail("mutate did not exit on SIGINT")
 
 
 def test_mutate_under_warn_admits_and_says_what_would_be_refused(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ import io
 import json
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
@@ -15,7 +17,7 @@ from prometheus_client import Histogram
 
 from tests.helpers import container, pod, review, swap
 from webhook.decision.admission import admit
-from webhook.decision.capacity import GpuNode
+from webhook.decision.capacity import GpuLimits, GpuNode
 from webhook.decision.nodes import NodeStatus, NodeView, NoNodes
 from webhook.decision.policy import DEFAULT_POLICY, Policy
 from webhook.serving import logs
@@ -205,6 +207,32 @@ def test_admission_log_line_has_the_decision_and_no_pod(caplog: pytest.LogCaptur
     assert line["message"] == "admission"
     assert line["uid"] == "u-1"
     assert "nvcr.io" not in json.dumps(line)  # the image, and so the spec, is not logged
+
+
+class BrokenNodes(NoNodes):
+    """Nodes whose bounds fail: a bug, which no real node source makes on demand."""
+
+    class _View(NodeView):
+        def limits(self, spec: Mapping[str, Any], policy: Policy) -> GpuLimits:
+            raise RuntimeError("no bounds")
+
+    def view(self, policy: Policy) -> NodeView:
+        return self._View()
+
+
+def test_an_internal_error_has_one_reason_in_log_metric_and_audit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = make(nodes=BrokenNodes())
+    caplog.set_level(logging.INFO, logger="gpushare_webhook.admission")
+    answer = client.post(
+        "/mutate", data=json.dumps(review(pod(container(gpu="4")))), content_type="application/json"
+    ).get_json()["response"]
+    assert answer["auditAnnotations"] == {"decision": "error", "reason": "internal"}
+    (record,) = [r for r in caplog.records if r.name == "gpushare_webhook.admission"]
+    assert record.fields["reason"] == "internal"  # type: ignore[attr-defined]
+    count = "gpushare_admission_reviews_total"
+    assert scrape(client)[f'{count}{{outcome="error",reason="internal"}}'] == 1
 
 
 def test_bad_requests_log_at_warning(caplog: pytest.LogCaptureFixture) -> None:

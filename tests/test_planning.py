@@ -6,10 +6,17 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import GPU, apply, container, pod
+from tests.helpers import GPU, apply, container, env_of, pod
 from webhook.decision.capacity import GpuNode, limits_for
 from webhook.decision.nodes import NodeView
-from webhook.decision.plan import STATUS_ANNOTATION, Decision, is_gpu_pod, plan, plan_ephemeral
+from webhook.decision.plan import (
+    STATUS_ANNOTATION,
+    WOULD_REFUSE,
+    Decision,
+    is_gpu_pod,
+    plan,
+    plan_ephemeral,
+)
 from webhook.decision.policy import DEFAULT_POLICY, parse_policy, parse_policy_text
 
 
@@ -21,10 +28,6 @@ def mutated(obj: Any) -> Any:
     decision = decide(obj)
     assert decision.allowed, decision.message
     return apply(obj, list(decision.patch))
-
-
-def env_of(obj: Any, index: int = 0, kind: str = "containers") -> dict[str, str]:
-    return {e["name"]: e.get("value") for e in obj["spec"][kind][index].get("env", [])}
 
 
 @pytest.mark.parametrize(
@@ -58,8 +61,8 @@ PRELOADS = [
 def test_shim_is_preloaded_first(user: str | None, expected: str) -> None:
     env = [] if user is None else [{"name": "LD_PRELOAD", "value": user}]
     out = mutated(pod(container(gpu="2", env=env)))
-    assert env_of(out)["LD_PRELOAD"] == expected
-    assert env_of(out)["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"
+    assert env_of(out["spec"]["containers"][0])["LD_PRELOAD"] == expected
+    assert env_of(out["spec"]["containers"][0])["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"
 
 
 def test_last_preload_entry_wins_like_the_kubelet() -> None:
@@ -142,8 +145,8 @@ def test_env_ops_touch_only_the_entries_they_change(env: Any, ops: list[Any]) ->
 def test_each_container_gets_its_own_limit_and_others_are_untouched() -> None:
     obj = pod(container("a", gpu="3"), container("web"), container("b", gpu="5"))
     out = mutated(obj)
-    assert env_of(out, 0)["CUDA_DEVICE_MEMORY_LIMIT"] == "3072m"
-    assert env_of(out, 2)["CUDA_DEVICE_MEMORY_LIMIT"] == "5120m"
+    assert env_of(out["spec"]["containers"][0])["CUDA_DEVICE_MEMORY_LIMIT"] == "3072m"
+    assert env_of(out["spec"]["containers"][2])["CUDA_DEVICE_MEMORY_LIMIT"] == "5120m"
     assert out["spec"]["containers"][1] == obj["spec"]["containers"][1]
     for index in (0, 2):
         mounts = out["spec"]["containers"][index]["volumeMounts"]
@@ -501,11 +504,12 @@ def test_proportional_compute_uses_the_largest_gpu() -> None:
     policy = parse_policy_text("compute: {default: proportional}")
     obj = pod(container(gpu="5"))
     out = apply(obj, list(plan(obj, policy).patch))
-    assert env_of(out)["CUDA_DEVICE_SM_LIMIT"] == "32"  # 5/16 rounded up
+    assert env_of(out["spec"]["containers"][0])["CUDA_DEVICE_SM_LIMIT"] == "32"  # 5/16 rounded up
     fixed = parse_policy_text("compute: {default: 20}")
     out = apply(obj, list(plan(obj, fixed).patch))
-    assert env_of(out)["CUDA_DEVICE_SM_LIMIT"] == "20"
-    assert "CUDA_DEVICE_SM_LIMIT" not in env_of(apply(obj, list(plan(obj, DEFAULT_POLICY).patch)))
+    assert env_of(out["spec"]["containers"][0])["CUDA_DEVICE_SM_LIMIT"] == "20"
+    plain = apply(obj, list(plan(obj, DEFAULT_POLICY).patch))
+    assert "CUDA_DEVICE_SM_LIMIT" not in env_of(plain["spec"]["containers"][0])
 
 
 # -- enforcement: warn --
@@ -572,8 +576,8 @@ def test_under_warn_a_pod_is_admitted_with_every_refusal_as_a_warning(
     assert decision.reasons == reasons == refused.reasons
     assert decision.reason == refused.reason
     assert decision.message == refused.message
-    assert [w for w in decision.warnings if "would refuse" in w] == [
-        f"gpushare-webhook would refuse this pod: {p.message}" for p in refused.problems
+    assert [w for w in decision.warnings if w.startswith(WOULD_REFUSE)] == [
+        f"{WOULD_REFUSE}{p.message}" for p in refused.problems
     ]
     # What is set up: the containers whose asks were read, when nothing clashes.
     after = apply(obj, list(decision.patch))
@@ -594,7 +598,7 @@ def test_under_warn_another_scheduler_is_kept() -> None:
     obj = pod(container(gpu="4"), schedulerName="volcano")
     after = apply(obj, list(warned(obj).patch))
     assert after["spec"]["schedulerName"] == "volcano"
-    assert env_of(after)["CUDA_DEVICE_MEMORY_LIMIT"] == "4096m"
+    assert env_of(after["spec"]["containers"][0])["CUDA_DEVICE_MEMORY_LIMIT"] == "4096m"
 
 
 def test_under_warn_a_pod_that_breaks_no_rule_is_mutated_as_usual() -> None:

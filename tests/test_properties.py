@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import GPU, apply, container, decode_patch, examples, pod, review
+from tests.helpers import GPU, apply, container, decode_patch, env_of, examples, pod, review
 from webhook.decision.admission import admit
 from webhook.decision.plan import STATUS_ANNOTATION, plan
 from webhook.decision.policy import DEFAULT_POLICY
@@ -119,7 +119,7 @@ def test_the_patch_text_carries_any_name_and_value(name: str, value: str) -> Non
     decision = plan(obj, DEFAULT_POLICY)
     assert decision.allowed, decision.message
     out = apply(obj, list(decision.patch))
-    got = {e["name"]: e["value"] for e in out["spec"]["containers"][0]["env"]}
+    got = env_of(out["spec"]["containers"][0])
     assert got["X"] == value
     shim = DEFAULT_POLICY.shim.preload
     others = [p for p in re.split(r"[:\s]+", value) if p and p != shim]

@@ -85,7 +85,7 @@ def answer_of(case: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]
     ops = decode_patch(response)
     answer: dict[str, Any] = {"outcome": result.outcome}
     if result.decision is not None and result.decision.reason:
-        answer["reason"] = result.decision.reason
+        answer["reason"] = result.decision.reason.value
     status = response.get("status")
     if status:
         answer["code"] = status["code"]

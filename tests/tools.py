@@ -6,22 +6,23 @@ the test extras it would downgrade them, and the suite would no longer test
 what the image runs. So each such tool gets its own venv, made by the test
 run the first time it is needed and kept in a cache outside the work tree
 (``~/.cache/gpushare-webhook/tools/<name>-<version>``;
-``GPUSHARE_TOOLS_CACHE`` overrides the folder). Concurrent runs wait on a
-file lock for one install; a venv counts as made only once its install has
-finished (a marker file written last), so one cut short is made again.
+``GPUSHARE_TOOLS_CACHE`` overrides the folder), as tests/gotools.py keeps
+the Go programs, with its lock and its ``Unavailable``. A venv counts as
+made only once its install has finished (a marker file written last), so
+one cut short is made again.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.gotools import Unavailable, cache_base, cached
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,37 +46,25 @@ TOOLS = {
 }
 
 
-class Unavailable(Exception):
-    """A tool could not be installed; the message is one line saying why."""
-
-
 def cache_root() -> Path:
-    override = os.environ.get("GPUSHARE_TOOLS_CACHE")
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "gpushare-webhook" / "tools"
+    return cache_base("GPUSHARE_TOOLS_CACHE", "tools")
 
 
 def ensure(name: str) -> Path:
     """The path of ``name``'s executable, installing it into its venv the first time."""
     tool = TOOLS[name]
-    root = cache_root()
-    folder = root / f"{name}-{_key(tool)}"
-    found = folder / "bin" / tool.executable
-    made = folder / ".complete"
-    if made.exists():
-        return found
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / f".{name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if made.exists():  # another run made it while this one waited
-            return found
+    folder = cache_root() / f"{name}-{_key(tool)}"
+    made = ".complete"  # written last: a venv whose install was cut short is made again
+
+    def install() -> float:
         # NB: made in place, not moved there: a venv's scripts name its path.
         shutil.rmtree(folder, ignore_errors=True)
         _install(folder, tool)
-        made.write_text(" ".join(tool.requirements) + "\n")
-    return found
+        (folder / made).write_text(" ".join(tool.requirements) + "\n")
+        return 0.0
+
+    cached(folder, [made], install)
+    return folder / "bin" / tool.executable
 
 
 def _key(tool: Tool) -> str:

@@ -19,6 +19,8 @@ or a log line: they name the object, the field, the value and the fix.
 
 from __future__ import annotations
 
+from webhook.reasons import Reason
+
 
 class WebhookError(Exception):
     """Base of every deliberate error of gpushare-webhook."""
@@ -35,11 +37,11 @@ class ReviewError(WebhookError):
 class PodError(WebhookError):
     """The pod cannot be admitted as it is; the message says why and what to change.
 
-    ``reason`` is a short, stable machine-readable label used for metrics and
-    audit annotations (for example ``"exceeds-gpu"``).
+    ``reason`` is its label in the log, the metrics and the audit annotation
+    (for example ``Reason.EXCEEDS_GPU``).
     """
 
-    def __init__(self, message: str, *, reason: str, code: int = 403) -> None:
+    def __init__(self, message: str, *, reason: Reason, code: int = 403) -> None:
         super().__init__(message)
         self.reason = reason
         self.code = code
@@ -48,7 +50,7 @@ class PodError(WebhookError):
 class QuantityError(PodError):
     """A GPU resource quantity is malformed, fractional, non-positive or mistyped."""
 
-    def __init__(self, message: str, *, reason: str = "bad-quantity") -> None:
+    def __init__(self, message: str, *, reason: Reason = Reason.BAD_QUANTITY) -> None:
         super().__init__(message, reason=reason, code=403)
 
 
@@ -58,7 +60,7 @@ class ShapeError(PodError):
     def __init__(self, path: str, expected: str, got: object) -> None:
         super().__init__(
             f"{path}: expected {expected}, got {_json_type(got)}",
-            reason="malformed-object",
+            reason=Reason.MALFORMED_OBJECT,
             code=400,
         )
         self.path = path

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.apiserver.helpers import shared_objects
 from tests.conftest import stop_server
 from tests.controlplane import build
 from tests.controlplane.cluster import ControlPlane, running
@@ -98,8 +99,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture(scope="session")
 def installed(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    """The webhook installed and served; at the end, a check that no test left anything behind.
+
+    Every test shares this control plane, in any order: a node, namespace or
+    webhook configuration a test leaves changes what the next one sees.
+    """
     done = install(plane, tmp_path_factory.mktemp("installed"))
+    before = shared_objects(done.api)
     try:
         yield done
     finally:
         stop_server(done.server)
+    left = sorted(shared_objects(done.api) - before)
+    assert not left, f"tests left these in the shared control plane: {', '.join(left)}"

@@ -17,8 +17,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tests.conftest import Server
 from tests.controlplane.cluster import ControlPlane
-from tests.helpers import container, eventually
+from tests.helpers import container, eventually, pod
 
 # What PodSecurity's "restricted" level asks of every container (the webhook's
 # own namespace enforces it).
@@ -39,12 +40,8 @@ def gpu_container(name: str = "main", gpu: str | None = "4", **extra: Any) -> di
 def pod_manifest(
     name: str, *containers: dict[str, Any], labels: dict[str, str] | None = None, **spec: Any
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {}},
-        "spec": {"containers": list(containers) or [gpu_container()], **spec},
-    }
+    """tests.helpers.pod named ``name``, to create in the namespace a test chooses."""
+    return pod(*containers, name=name, namespace=None, labels=labels or {}, **spec)
 
 
 def create_namespace(
@@ -140,17 +137,44 @@ def put_node(
     core.patch_node_status(name, {"status": {"capacity": capacity, "allocatable": capacity}})
 
 
-def delete_nodes(api: client.ApiClient) -> None:
-    """Delete every Node and wait until none is left: the next test starts from no GPU nodes."""
+def delete_nodes(api: client.ApiClient, *, seen_by: Server | None = None) -> None:
+    """Delete every Node and wait until none is left: the next test starts from no GPU nodes.
+
+    ``seen_by``, a server watching nodes (the installed webhook), is waited
+    for too: until its watch has seen them go, it still bounds pods by them.
+    """
     core = client.CoreV1Api(api)
     for node in core.list_node().items:
         with contextlib.suppress(ApiException):
             core.delete_node(node.metadata.name)
     eventually(lambda: not core.list_node().items)
+    if seen_by is not None:
+        eventually(lambda: seen_by.metrics().get("gpushare_nodes_known") == 0, timeout=60)
 
 
-def env_of(container: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+def delete_namespaces(api: client.ApiClient, *names: str) -> None:
+    """Delete namespaces a test made; the namespace controller finishes on its own."""
+    core = client.CoreV1Api(api)
+    for name in names:
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(name)
+
+
+def shared_objects(api: client.ApiClient) -> set[str]:
+    """What tests may leave in the shared control plane: nodes, live namespaces, webhooks."""
+    core = client.CoreV1Api(api)
+    found = {f"node/{n.metadata.name}" for n in core.list_node().items}
+    found |= {
+        f"namespace/{n.metadata.name}"
+        for n in core.list_namespace().items
+        if n.metadata.deletion_timestamp is None
+    }
+    admission = client.AdmissionregistrationV1Api(api)
+    found |= {
+        f"mutatingwebhookconfiguration/{c.metadata.name}"
+        for c in admission.list_mutating_webhook_configuration().items
+    }
+    return found
 
 
 def process_tree(pid: int) -> list[int]:

@@ -13,7 +13,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ from tests.apiserver.helpers import (
     RESTRICTED,
     create_namespace,
     create_pod,
+    delete_namespaces,
     delete_pod,
-    env_of,
     gpu_container,
     pod_manifest,
     process_tree,
@@ -37,7 +37,7 @@ from tests.apiserver.helpers import (
     wait_for_service_account,
 )
 from tests.controlplane.install import NS, Installed
-from tests.helpers import GPU, eventually
+from tests.helpers import GPU, env_of, eventually
 from webhook import tls
 from webhook.decision import responses
 
@@ -51,7 +51,23 @@ def cluster(installed: Installed) -> Iterator[Installed]:
     create_namespace(installed.api, "opted-out", {"gpushare-webhook.io/injection": "disabled"})
     for namespace in (TEAM, "opted-out", NS, "kube-system"):
         wait_for_service_account(installed.api, namespace)
-    return installed
+    yield installed
+    delete_namespaces(installed.api, TEAM, "opted-out")
+
+
+@pytest.fixture
+def own_namespace(cluster: Installed) -> Iterator[Callable[[str], str]]:
+    """Makes a namespace for one test (ready for pods), deleted after it."""
+    made: list[str] = []
+
+    def make(name: str) -> str:
+        create_namespace(cluster.api, name)
+        wait_for_service_account(cluster.api, name)
+        made.append(name)
+        return name
+
+    yield make
+    delete_namespaces(cluster.api, *made)
 
 
 def confined(stored: dict[str, Any], container: str, memory: str) -> bool:
@@ -221,12 +237,10 @@ def test_controllers_create_pods_that_are_mutated(cluster: Installed, kind: str)
 
 
 def test_a_later_webhook_changing_the_pod_reinvokes_ours(
-    cluster: Installed, pki: tls.Issued
+    cluster: Installed, pki: tls.Issued, own_namespace: Callable[[str], str]
 ) -> None:
     """A sidecar injector after ours adds a GPU container; IfNeeded calls ours again."""
-    namespace = "reinvoke"
-    create_namespace(cluster.api, namespace)
-    wait_for_service_account(cluster.api, namespace)
+    namespace = own_namespace("reinvoke")
 
     def add_sidecar(request: dict[str, Any]) -> dict[str, Any]:
         containers = request["object"]["spec"]["containers"]
@@ -346,16 +360,14 @@ def test_a_webhook_slower_than_its_timeout_refuses_in_about_that_time(cluster: I
 
 @pytest.mark.parametrize("failure_policy", ["Ignore", "Fail"])
 def test_an_internal_error_refuses_the_pod_whatever_the_failure_policy(
-    cluster: Installed, pki: tls.Issued, failure_policy: str
+    cluster: Installed, pki: tls.Issued, failure_policy: str, own_namespace: Callable[[str], str]
 ) -> None:
     """The webhook answers a bug in-band (allowed: false, code 500), never with HTTP 500.
 
     The real webhook has no bug to produce on demand, so a tiny webhook sends
     the exact answer the webhook's own code builds for one.
     """
-    namespace = f"errored-{failure_policy.lower()}"
-    create_namespace(cluster.api, namespace)
-    wait_for_service_account(cluster.api, namespace)
+    namespace = own_namespace(f"errored-{failure_policy.lower()}")
 
     def errored(request: dict[str, Any]) -> dict[str, Any]:
         answer: dict[str, Any] = responses.errored(

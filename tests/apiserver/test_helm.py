@@ -17,6 +17,7 @@ import base64
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import pytest
 import yaml
 
 from tests import gotools
+from tests.apiserver.helpers import delete_namespaces
 from tests.controlplane.cluster import ControlPlane
 from tests.controlplane.install import ROOT, Installed
 from tests.helpers import eventually
@@ -35,7 +37,7 @@ SAFE = ["--set", "webhook.failurePolicy=Ignore"]  # see the module's docstring
 
 
 @pytest.fixture(scope="module")
-def helm(installed: Installed) -> tuple[str, ControlPlane]:
+def helm(installed: Installed) -> Iterator[tuple[str, ControlPlane]]:
     try:
         binary = str(gotools.tool("helm"))
         crds = gotools.crd_files()
@@ -45,7 +47,8 @@ def helm(installed: Installed) -> tuple[str, ControlPlane]:
     for crd in crds:
         plane.kubectl("apply", "--server-side", "-f", str(crd), timeout=120)
     plane.kubectl("wait", "--for=condition=Established", "crd", "--all", timeout=120)
-    return binary, plane
+    yield binary, plane
+    delete_namespaces(installed.api, NAMESPACE)  # made by --create-namespace
 
 
 def run_helm(helm: tuple[str, ControlPlane], *args: str) -> subprocess.CompletedProcess[str]:

@@ -35,7 +35,7 @@ def watcher(installed: Installed) -> Iterator[nodes.NodeWatcher]:
     running = start(installed.webhook_kubeconfig)
     yield running
     running.stop()
-    delete_nodes(installed.api)
+    delete_nodes(installed.api, seen_by=installed.server)
 
 
 def sizes(watcher: nodes.NodeWatcher) -> dict[str, int]:

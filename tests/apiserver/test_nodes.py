@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.apiserver.helpers import (
     create_namespace,
+    delete_namespaces,
     delete_nodes,
     gpu_container,
     pod_manifest,
@@ -51,7 +52,8 @@ def watched(installed: Installed) -> Iterator[Installed]:
     create_namespace(installed.api, NAMESPACE)
     wait_for_service_account(installed.api, NAMESPACE)
     yield installed
-    delete_nodes(installed.api)
+    delete_nodes(installed.api, seen_by=installed.server)
+    delete_namespaces(installed.api, NAMESPACE)
 
 
 def test_decisions_follow_nodes_added_changed_and_deleted(watched: Installed) -> None:

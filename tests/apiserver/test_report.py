@@ -27,6 +27,7 @@ from kubernetes import client
 from tests.apiserver.helpers import (
     create_namespace,
     create_pod,
+    delete_namespaces,
     delete_nodes,
     gpu_container,
     pod_manifest,
@@ -120,7 +121,8 @@ def scene(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield folder
     finally:
         set_policy(installed, before)
-        delete_nodes(installed.api)
+        delete_nodes(installed.api, seen_by=installed.server)
+        delete_namespaces(installed.api, CONFINED, DRIFT, WARN)
 
 
 def set_policy(installed: Installed, text: str) -> None:

@@ -51,7 +51,7 @@ def cluster(
         yield api, running
     finally:
         stop_server(running)
-        delete_nodes(api)
+        delete_nodes(api, seen_by=installed.server)
 
 
 def test_rejects_against_the_largest_gpu_in_the_cluster(cluster: Cluster) -> None:

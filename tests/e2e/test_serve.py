@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Server, free_port, start_server, stop_server
-from tests.helpers import apply, container, decode_patch, pod, review
+from tests.helpers import apply, container, decode_patch, env_of, pod, review
 
 
 def test_mutates_a_gpu_pod_over_https(server: Server) -> None:
@@ -29,7 +29,7 @@ def test_mutates_a_gpu_pod_over_https(server: Server) -> None:
     answer = json.loads(body)
     assert answer["response"]["uid"] == review(obj)["request"]["uid"]
     out = apply(obj, decode_patch(answer["response"]))
-    env = {e["name"]: e["value"] for e in out["spec"]["containers"][0]["env"]}
+    env = env_of(out["spec"]["containers"][0])
     assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "4096m"
     assert env["LD_PRELOAD"] == "/usr/local/vgpu/libvgpu.so"
 

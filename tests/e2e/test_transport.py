@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Server, free_port, start_server, stop_server
-from tests.helpers import apply, container, decode_patch, pod, review
+from tests.helpers import apply, container, decode_patch, env_of, pod, review
 from webhook import tls
 
 READ_TIMEOUT = 4.0
@@ -217,7 +217,7 @@ def test_a_crowd_of_concurrent_clients_all_get_right_answers(tight: Server) -> N
                 )
                 response = json.loads(conn.getresponse().read())["response"]
                 out = apply(obj, decode_patch(response))
-                env = {e["name"]: e["value"] for e in out["spec"]["containers"][0]["env"]}
+                env = env_of(out["spec"]["containers"][0])
                 if env.get("CUDA_DEVICE_MEMORY_LIMIT") != f"{int(gpu) * 1024}m":
                     failures.append(f"client {index}: wrong limit for {gpu} GiB: {env}")
             conn.close()

@@ -18,7 +18,7 @@ from kubernetes import client
 from tests.apiserver.helpers import create_pod, refusal, stored_pod
 from tests.controlplane.install import Installed
 from tests.controlplane.scheduling import ANNOTATIONS, SchedulingPlane
-from tests.helpers import GPU, container, eventually
+from tests.helpers import GPU, container, eventually, pod
 
 __all__ = [
     "Pipeline",
@@ -54,10 +54,9 @@ def gpu_pod(
     main = container("main", gpu)
     if gpu is not None and requests:
         main["resources"]["requests"] = {GPU: gpu}
-    body: dict[str, Any] = {"containers": [main], **spec}
     if scheduler:
-        body["schedulerName"] = scheduler
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": body}
+        spec["schedulerName"] = scheduler
+    return pod(main, name=name, namespace=None, **spec)
 
 
 def wait_bound(
@@ -141,8 +140,8 @@ def device_of(plane: SchedulingPlane, node: str, namespace: str, name: str) -> i
     """The GPU the extender's inspect endpoint shows the pod on, if any."""
     for found in plane.inspect(node)["nodes"]:
         for dev in found.get("devs") or []:
-            for pod in dev.get("pods") or []:
-                if pod["namespace"] == namespace and pod["name"] == name:
+            for placed in dev.get("pods") or []:
+                if placed["namespace"] == namespace and placed["name"] == name:
                     return int(dev["id"])
     return None
 

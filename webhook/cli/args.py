@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
-from typing import NoReturn
+from typing import NoReturn, TypeAlias
 
 from webhook import __version__
 
@@ -87,6 +87,10 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+# What add_subparsers returns: each sub-command is added to it.
+Commands: TypeAlias = "argparse._SubParsersAction[OneLineParser]"
+
+
 def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog=prog,
@@ -94,7 +98,13 @@ def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_serve_command, _mutate_command, _report_command, _certs_command, _policy_command):
+        add(sub)
+    return parser
 
+
+def _serve_command(sub: Commands) -> None:
+    """``serve`` and its flags."""
     serve = sub.add_parser("serve", help="run the webhook over HTTPS under gunicorn")
     serve.add_argument("--policy", metavar="FILE", help="policy YAML (default: built-in defaults)")
     serve.add_argument("--cert", metavar="FILE", help="serving certificate (PEM)")
@@ -168,6 +178,9 @@ def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
     )
     serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
 
+
+def _mutate_command(sub: Commands) -> None:
+    """``mutate`` and its flags."""
     mutate = sub.add_parser("mutate", help="preview what admission does to pods or workloads")
     mutate.add_argument("file", nargs="?", default="-", help="YAML or JSON file, or - for stdin")
     mutate.add_argument("--policy", metavar="FILE")
@@ -186,6 +199,9 @@ def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
         help="where documents that name no namespace will be created (as kubectl apply -n)",
     )
 
+
+def _report_command(sub: Commands) -> None:
+    """``report`` and its flags."""
     report = sub.add_parser(
         "report",
         help="find the GPU pods and workloads that are not confined, or would be refused",
@@ -222,6 +238,9 @@ def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
     report.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
     report.add_argument("--context", help="kubeconfig context")
 
+
+def _certs_command(sub: Commands) -> None:
+    """``certs create`` and ``certs install``, and their flags."""
     certs = sub.add_parser("certs", help="make and install certificates")
     certs_sub = certs.add_subparsers(dest="certs_command", required=True, metavar="ACTION")
     create = certs_sub.add_parser("create", help="make a CA and a serving certificate")
@@ -240,13 +259,15 @@ def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
     install.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
     install.add_argument("--context", help="kubeconfig context")
 
+
+def _policy_command(sub: Commands) -> None:
+    """``policy check`` and ``policy show``."""
     policy = sub.add_parser("policy", help="check or show a policy")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
     check = policy_sub.add_parser("check", help="validate a policy file offline")
     check.add_argument("file")
     show = policy_sub.add_parser("show", help="print the effective policy, defaults filled in")
     show.add_argument("file", nargs="?", help="policy file (default: built-in defaults)")
-    return parser
 
 
 def _cert_args(parser: argparse.ArgumentParser) -> None:

@@ -25,16 +25,17 @@ from webhook.decision.nodes import NodeSource
 
 if TYPE_CHECKING:
     from webhook.cluster.nodewatch import NodeWatch
+    from webhook.serving.app import State
+    from webhook.serving.server import ServeOptions
 from webhook.errors import CertificateError, InputError
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from webhook import tls
-    from webhook.decision.nodes import NoNodes
     from webhook.serving import logs
     from webhook.serving.app import State, create_app
     from webhook.serving.runtime import PolicySource
-    from webhook.serving.server import ServeOptions, WebhookServer
+    from webhook.serving.server import WebhookServer
 
     log_config = logs.config(args.log_level, logs.chosen_format(args.log_format, sys.stderr))
     logs.skip_unused_record_fields()
@@ -44,39 +45,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CertificateError("give --cert and --key together, or neither for a development pair")
     host, port = _bind(args.bind)
     _check_port_free(host, int(port), args.bind)
-    if args.cert:
-        cert, key = Path(args.cert), Path(args.key)
-    else:
-        issued = tls.ensure_certificates(_dev_dir(Path(args.certs_dir)), **_DEV_NAMES)
-        cert, key = issued.cert, issued.key
-        local = "localhost" if host in ("0.0.0.0", "127.0.0.1", "::", "localhost") else host
-        print(
-            f"gpushare-webhook: development certificate in {issued.directory}/ "
-            f"({'new' if issued.serving_created else 'reused'}); CA: {issued.ca}\n"
-            f"  try: curl --cacert {issued.ca} https://{local}:{port}/healthz",
-            file=sys.stderr,
-            flush=True,
-        )
+    cert, key = _certificate_pair(args, host, port)
     tls.check_pair(cert, key)
-    nodes: NodeSource = NoNodes()
-    watch: NodeWatch | None = None  # the one node watch process of the server
-    liveness: Callable[[], tuple[bool, str]] | None = None
     owned: list[Path] = []  # directories this process made, removed at its exit
-    if args.watch_nodes:
-        from webhook.cluster import nodewatch
-        from webhook.serving.nodes import SharedNodes
-        from webhook.serving.runtime import runtime_dir
-
-        shared = runtime_dir("gpushare-nodes-")
-        owned.append(shared)
-        watch = nodewatch.NodeWatch(
-            shared / "nodes.json",
-            nodewatch.WatchOptions(
-                kubeconfig=args.kubeconfig, context=args.context, label_selector=args.node_selector
-            ),
-        )
-        shared_nodes = SharedNodes(watch.snapshot, alive=watch.alive)
-        nodes, liveness = shared_nodes, shared_nodes.liveness
+    nodes, watch, liveness = _node_source(args, owned)
     state = State(policy=source, nodes=nodes, ready=_readiness(host, int(port), nodes))
     if liveness is not None:
         state.alive = liveness
@@ -89,7 +61,83 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from webhook.serving import metrics
 
         state.metrics = metrics.Metrics(source, nodes, cert)
-    options = ServeOptions(
+    options = _serve_options(args, cert, key, log_config, state)
+    master = os.getpid()
+    app = create_app(state)
+    # NB: a forked process shares this one's memory until it writes to it,
+    # and a garbage collection there writes to every object it scans. Frozen
+    # objects are never scanned, so the node watch and the workers keep them
+    # shared (measured: bench/run.py --memory).
+    gc.freeze()
+    try:
+        if watch is not None:
+            # One watch for the server, forked now, while this process has one
+            # thread; it alone imports the kubernetes client and checks the
+            # credentials (a failure stops the start here, in one line).
+            watch.start(log_config)
+            watch.wait_first(timeout=5.0)
+        _log_serving(args, options)
+        WebhookServer(app, options).run()
+    finally:
+        # Workers unwind through here too when they exit; only the master cleans up.
+        if os.getpid() == master:
+            if watch is not None:
+                watch.stop()
+            for directory in owned:
+                shutil.rmtree(directory, ignore_errors=True)
+    return EXIT_OK
+
+
+def _certificate_pair(args: argparse.Namespace, host: str, port: str) -> tuple[Path, Path]:
+    """``--cert`` and ``--key``, or a development pair made (or reused) in ``--certs-dir``."""
+    from webhook import tls
+
+    if args.cert:
+        return Path(args.cert), Path(args.key)
+    issued = tls.ensure_certificates(_dev_dir(Path(args.certs_dir)), **_DEV_NAMES)
+    local = "localhost" if host in ("0.0.0.0", "127.0.0.1", "::", "localhost") else host
+    print(
+        f"gpushare-webhook: development certificate in {issued.directory}/ "
+        f"({'new' if issued.serving_created else 'reused'}); CA: {issued.ca}\n"
+        f"  try: curl --cacert {issued.ca} https://{local}:{port}/healthz",
+        file=sys.stderr,
+        flush=True,
+    )
+    return issued.cert, issued.key
+
+
+def _node_source(
+    args: argparse.Namespace, owned: list[Path]
+) -> tuple[NodeSource, NodeWatch | None, Callable[[], tuple[bool, str]] | None]:
+    """Where workers learn the GPU nodes: the one node watch process of the server (made,
+    not started: its directory added to ``owned``) and its liveness, or none with no watch."""
+    from webhook.decision.nodes import NoNodes
+
+    if not args.watch_nodes:
+        return NoNodes(), None, None
+    from webhook.cluster import nodewatch
+    from webhook.serving.nodes import SharedNodes
+    from webhook.serving.runtime import runtime_dir
+
+    shared = runtime_dir("gpushare-nodes-")
+    owned.append(shared)
+    watch = nodewatch.NodeWatch(
+        shared / "nodes.json",
+        nodewatch.WatchOptions(
+            kubeconfig=args.kubeconfig, context=args.context, label_selector=args.node_selector
+        ),
+    )
+    shared_nodes = SharedNodes(watch.snapshot, alive=watch.alive)
+    return shared_nodes, watch, shared_nodes.liveness
+
+
+def _serve_options(
+    args: argparse.Namespace, cert: Path, key: Path, log_config: dict[str, Any], state: State
+) -> ServeOptions:
+    """gunicorn's settings: the flags given, the rest left to ServeOptions' defaults."""
+    from webhook.serving.server import ServeOptions
+
+    return ServeOptions(
         bind=args.bind,
         cert=cert,
         key=key,
@@ -108,46 +156,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if value is not None
         },
     )
-    master = os.getpid()
-    app = create_app(state)
-    # NB: a forked process shares this one's memory until it writes to it,
-    # and a garbage collection there writes to every object it scans. Frozen
-    # objects are never scanned, so the node watch and the workers keep them
-    # shared (measured: bench/run.py --memory).
-    gc.freeze()
-    try:
-        if watch is not None:
-            # One watch for the server, forked now, while this process has one
-            # thread; it alone imports the kubernetes client and checks the
-            # credentials (a failure stops the start here, in one line).
-            watch.start(log_config)
-            watch.wait_first(timeout=5.0)
-        # gunicorn's own "Listening at" line is empty with reuse_port (each worker binds).
-        logging.getLogger("gpushare_webhook.serve").info(
-            "serving",
-            extra={
-                "fields": {
-                    "url": f"https://{args.bind}/mutate",
-                    "workers": options.workers,
-                    "threads": options.threads,
-                    "worker_class": options.worker_class,
-                    "read_timeout": options.read_timeout,
-                    "policy": args.policy or "built-in defaults",
-                    "watch_nodes": bool(args.watch_nodes),
-                    **({"node_selector": args.node_selector} if args.node_selector else {}),
-                    "metrics": bool(args.metrics),
-                }
-            },
-        )
-        WebhookServer(app, options).run()
-    finally:
-        # Workers unwind through here too when they exit; only the master cleans up.
-        if os.getpid() == master:
-            if watch is not None:
-                watch.stop()
-            for directory in owned:
-                shutil.rmtree(directory, ignore_errors=True)
-    return EXIT_OK
+
+
+def _log_serving(args: argparse.Namespace, options: ServeOptions) -> None:
+    # gunicorn's own "Listening at" line is empty with reuse_port (each worker binds).
+    logging.getLogger("gpushare_webhook.serve").info(
+        "serving",
+        extra={
+            "fields": {
+                "url": f"https://{args.bind}/mutate",
+                "workers": options.workers,
+                "threads": options.threads,
+                "worker_class": options.worker_class,
+                "read_timeout": options.read_timeout,
+                "policy": args.policy or "built-in defaults",
+                "watch_nodes": bool(args.watch_nodes),
+                **({"node_selector": args.node_selector} if args.node_selector else {}),
+                "metrics": bool(args.metrics),
+            }
+        },
+    )
 
 
 _DEV_NAMES: dict[str, Any] = {"dns_names": ["localhost"], "ips": ["127.0.0.1", "::1"]}

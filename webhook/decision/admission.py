@@ -21,6 +21,7 @@ from webhook.decision.plan import Decision, plan, plan_ephemeral, untouched
 from webhook.decision.policy import Policy
 from webhook.decision.reviews import Request
 from webhook.errors import ReviewError
+from webhook.reasons import Reason
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,15 @@ class Result:
         if self.error:
             return "error"
         return self.decision.outcome if self.decision else "untouched"
+
+    @property
+    def reason(self) -> Reason:
+        """Why: the log line, the metric and the audit annotation all read it here."""
+        if self.status != 200:
+            return Reason.BAD_REQUEST
+        if self.decision is None:  # a bug, answered as a refusal (``error`` says which)
+            return Reason.INTERNAL
+        return self.decision.reason
 
     def encode(self) -> bytes:
         """The body as compact JSON (ASCII: what has no UTF-8 form goes escaped)."""
@@ -73,16 +83,16 @@ _NO_VIEW = NodeView()
 def decide(request: Request, policy: Policy, view: NodeView = _NO_VIEW) -> Decision:
     """The decision for a decoded request: the rules for which requests are looked at."""
     if not _is_pod(request):
-        return untouched("not-a-pod")
+        return untouched(Reason.NOT_A_POD)
     pod = request.get("object")
     namespace = request.get("namespace") or ""
     sub = request.get("subResource")
     if sub == "ephemeralcontainers" and request["operation"] == "UPDATE":
         return plan_ephemeral(pod, policy, namespace=namespace)
     if sub:
-        return untouched("subresource")
+        return untouched(Reason.SUBRESOURCE)
     if request["operation"] != "CREATE":
-        return untouched("not-create")
+        return untouched(Reason.NOT_CREATE)
     spec = pod.get("spec") if isinstance(pod, dict) else None
     limits = view.limits(spec if isinstance(spec, dict) else {}, policy)
     return plan(pod, policy, namespace=namespace, limits=limits)
@@ -116,9 +126,10 @@ def admit(body: bytes, policy: Policy, view: NodeView = _NO_VIEW) -> Result:
         # tests/apiserver/test_admission.py). A bug must not admit a GPU pod
         # unconfined; only an unreachable or timed-out webhook is "Ignore"d.
         message = f"{type(error).__name__} while admitting the pod; see the webhook's log"
+        audit = {"decision": "error", "reason": Reason.INTERNAL.value}
         return Result(
             status=200,
-            body=responses.review(api_version, responses.errored(uid, message)),
+            body=responses.review(api_version, responses.errored(uid, message, audit=audit)),
             uid=uid,
             namespace=namespace,
             name=name,
@@ -138,7 +149,7 @@ def admit(body: bytes, policy: Policy, view: NodeView = _NO_VIEW) -> Result:
 
 
 def _respond(uid: str, decision: Decision) -> Any:
-    audit = {"decision": decision.outcome, "reason": decision.reason}
+    audit = {"decision": decision.outcome, "reason": decision.reason.value}
     if len(decision.problems) > 1:
         audit["reasons"] = ",".join(decision.reasons)
     if not decision.allowed:

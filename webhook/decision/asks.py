@@ -18,6 +18,7 @@ from webhook.decision.fields import container_label, containers, label, mapping
 from webhook.decision.policy import Policy
 from webhook.decision.quantities import MemoryUnit, parse_quantity, plain_count, whole_count
 from webhook.errors import PodError, QuantityError
+from webhook.reasons import Reason
 
 
 class ContainerAsk(NamedTuple):
@@ -74,7 +75,7 @@ def _resource(
             f"{who} requests {resource}: {request!r} but sets no limit for it; extended "
             f"resources must be set in resources.limits (requests may be left out): add "
             f"limits.{resource}: {request!r}",
-            reason="request-without-limit",
+            reason=Reason.REQUEST_WITHOUT_LIMIT,
         )
     if not _same_quantity(request, limit):
         # Advice that would itself be refused is no advice: a limit of "2Gi" is.
@@ -87,7 +88,7 @@ def _resource(
             f"{who} requests {resource}: {request!r} but limits it to {limit!r}; extended "
             f"resources cannot be overcommitted, so requests must equal limits: {fix} "
             "(or drop the request)",
-            reason="request-differs",
+            reason=Reason.REQUEST_DIFFERS,
         )
     return limit
 
@@ -128,7 +129,7 @@ def collect_asks(
                 f"the pod's label {count_name} asks for GPUs, but this cluster reads the GPU "
                 f"count from each container's resources (policy multiGpu.countFrom: resource): "
                 f"set limits.{count_name} in the GPU containers and remove the label",
-                reason="count-as-label",
+                reason=Reason.COUNT_AS_LABEL,
             )
         )
     if pod_gpus is not None and pod_gpus > 1 and not policy.placed_by.spans_gpus:
@@ -173,7 +174,7 @@ def _ask(
             f"count is the pod's label, as ACK reads it: set metadata.labels"
             f"['{count_name}']: {str(count_raw)!r} (in a workload, the pod template's "
             "labels) and remove it from resources",
-            reason="count-as-resource",
+            reason=Reason.COUNT_AS_RESOURCE,
         )
     if memory_raw is None:
         extra = compute_name if compute_raw is not None else None
@@ -182,7 +183,7 @@ def _ask(
             raise QuantityError(
                 f"{label(kind, container)} asks {extra} but no {memory_name}; a GPU share "
                 f"needs its memory too: add limits.{memory_name}",
-                reason="share-without-memory",
+                reason=Reason.SHARE_WITHOUT_MEMORY,
             )
         return None
     unit = policy.memory_unit
@@ -214,7 +215,7 @@ def _one_gpu_only(
         f"and does not read the count: the pod would get one GPU with limits for {gpus}; "
         f"{drop} and ask what one GPU holds (split the work over several pods), or, where "
         "ACK's scheduler places pods, set the policy's scheduler: ack",
-        reason="multi-gpu-unsupported",
+        reason=Reason.MULTI_GPU_UNSUPPORTED,
     )
 
 
@@ -261,7 +262,7 @@ def _per_device_memory(memory: int, gpus: int, who: str, policy: Policy) -> int:
             f"{who} asks {memory} {policy.memory_unit} of {policy.resource_name} over {gpus} "
             f"GPUs, which does not split evenly (each GPU gives the same share); ask a multiple "
             f"of {gpus}, such as {near}",
-            reason="uneven-split",
+            reason=Reason.UNEVEN_SPLIT,
         )
     return memory // gpus
 

@@ -22,6 +22,7 @@ from webhook.decision.fields import CONTAINER_KINDS, each_container, label, mapp
 from webhook.decision.layout import PRELOAD, Layout
 from webhook.decision.policy import Policy, folder, overlaps
 from webhook.errors import PodError, ShapeError
+from webhook.reasons import Reason
 
 DEFAULT_SCHEDULER = "default-scheduler"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -40,7 +41,7 @@ def check_placement(spec: Mapping[str, Any], policy: Policy, found: Problems) ->
                 f"spec.nodeName is set to {node_name!r}: a pod bound to a node skips "
                 f"{policy.scheduler_name}, so no GPU would be assigned to it; remove spec.nodeName "
                 "and use a nodeSelector or node affinity to choose the node",
-                reason="node-name",
+                reason=Reason.NODE_NAME,
             )
         )
     scheduler = spec.get("schedulerName")
@@ -53,7 +54,7 @@ def check_placement(spec: Mapping[str, Any], policy: Policy, found: Problems) ->
                 f"spec.schedulerName or set it to {policy.scheduler_name!r} (a cluster whose "
                 "scheduler serves GPU pods under another profile names it in the policy's "
                 "schedulerName)",
-                reason="scheduler-name",
+                reason=Reason.SCHEDULER_NAME,
             )
         )
 
@@ -64,7 +65,7 @@ def check_confinement(spec: Mapping[str, Any], policy: Policy, found: Problems) 
             PodError(
                 "spec.hostPID is true: a GPU-memory pod that shares the node's process namespace "
                 "can reach other pods' GPU processes and memory; remove hostPID",
-                reason="host-pid",
+                reason=Reason.HOST_PID,
             )
         )
     for kind, container in each_container(spec, CONTAINER_KINDS):
@@ -86,7 +87,7 @@ def check_privilege(
                 f"{label(kind, container)} sets securityContext.privileged: true; a privileged "
                 "container sees every GPU of the node, past the device cgroup and the GPU shim's "
                 "limit, in a GPU-memory pod: remove privileged",
-                reason="privileged",
+                reason=Reason.PRIVILEGED,
             )
         )
     capabilities = context.get("capabilities")
@@ -99,7 +100,7 @@ def check_privilege(
                     f"{label(kind, container)} adds capability {bad[0]} "
                     "(securityContext.capabilities.add); with it a process can remount the GPU "
                     f"shim away or reach other GPUs in a GPU-memory pod: remove {bad[0]}",
-                    reason="sys-admin",
+                    reason=Reason.SYS_ADMIN,
                 )
             )
 
@@ -127,7 +128,7 @@ def check_visible_devices(
                 f"{label(kind, container)} sets {VISIBLE_DEVICES} to {shown} (env[{index}]); the "
                 "NVIDIA runtime would hand it those GPUs with no memory limit. GPUs come from the "
                 f"device plugin: {fix}",
-                reason="visible-devices",
+                reason=Reason.VISIBLE_DEVICES,
             )
         )
         return  # one per container: the fix is the same for a second entry
@@ -174,7 +175,7 @@ def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits, found
                     f"{ask.label} asks {ask.memory} {unit} of {policy.resource_name} per GPU, but "
                     f"{limits.describe(unit)}: the pod could never be scheduled; ask at most "
                     f"{limits.largest_gpu}{_mib_hint(ask.memory, unit, limits.largest_gpu)}",
-                    reason="exceeds-gpu",
+                    reason=Reason.EXCEEDS_GPU,
                 )
             )
         if ask.gpus > limits.max_gpus:
@@ -182,7 +183,7 @@ def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits, found
                 PodError(
                     f"{ask.label} asks {ask.gpus} GPUs, but the largest GPU node has "
                     f"{limits.max_gpus} ({limits.gpus_source}); ask at most {limits.max_gpus}",
-                    reason="too-many-gpus",
+                    reason=Reason.TOO_MANY_GPUS,
                 )
             )
     if policy.placed_by.reserves_init:
@@ -197,7 +198,7 @@ def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits, found
                 f"the pod's containers together ask {demand} {unit} of {policy.resource_name} "
                 f"({parts}), and they share one GPU, but {limits.describe(unit)}; lower the "
                 "requests or split the pod so its containers fit one GPU",
-                reason="exceeds-gpu",
+                reason=Reason.EXCEEDS_GPU,
             )
         )
     if compute_total > 100:
@@ -209,7 +210,7 @@ def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits, found
                 f"the pod's containers together ask {compute_total}% of one GPU's compute "
                 f"({policy.compute.resource_name}: {parts}), more than the 100% a GPU has; lower "
                 "them so they add up to 100 or less",
-                reason="exceeds-compute",
+                reason=Reason.EXCEEDS_COMPUTE,
             )
         )
     return demand
@@ -243,7 +244,7 @@ def _check_init_within(
                 f"and {scheduler} holds only that on the GPU it picks (it does not count init "
                 f"containers): the init container's limit would reach into a neighbour's share; "
                 f"{fix}",
-                reason="init-exceeds-reservation",
+                reason=Reason.INIT_EXCEEDS_RESERVATION,
             )
         )
 
@@ -263,7 +264,7 @@ def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout, found
                 PodError(
                     f"spec.volumes[{index}] is named {name!r}, a name the webhook reserves for "
                     "the GPU shim; rename the volume",
-                    reason="reserved-volume",
+                    reason=Reason.RESERVED_VOLUME,
                 )
             )
         host = volume.get("hostPath")
@@ -275,7 +276,7 @@ def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout, found
                     f"spec.volumes[{index}] ({volume.get('name')!r}) mounts host path "
                     f"{path!r}, which holds the GPU shim; a GPU pod may not mount it "
                     "itself: remove the volume",
-                    reason="shim-host-path",
+                    reason=Reason.SHIM_HOST_PATH,
                 )
             )
 
@@ -314,7 +315,7 @@ def check_mounts(
                     f"{ask.label} mounts the webhook's volume {name!r} at "
                     f"{mount.get('mountPath')!r}; it may only be mounted read-only where the "
                     "webhook puts it: remove that mount",
-                    reason="shim-mount",
+                    reason=Reason.SHIM_MOUNT,
                 )
             )
         elif path.startswith(shim_dir):
@@ -323,7 +324,7 @@ def check_mounts(
                     f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
                     "webhook mounts the GPU shim; it would replace the shim and escape its limit: "
                     f"mount it somewhere outside {shim_dir[:-1]}",
-                    reason="shim-mount",
+                    reason=Reason.SHIM_MOUNT,
                 )
             )
         elif path in holds:
@@ -332,7 +333,7 @@ def check_mounts(
                     f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
                     f"webhook puts {holds[path]}; it would loosen the GPU shim's limits: "
                     "remove that mount",
-                    reason="shim-mount",
+                    reason=Reason.SHIM_MOUNT,
                 )
             )
 
@@ -350,7 +351,7 @@ def check_env(container: Mapping[str, Any], ask: ContainerAsk, found: Problems) 
                 PodError(
                     f"{ask.label} sets {PRELOAD} with valueFrom; the webhook must know its value "
                     "to put the GPU shim first: set it with a plain value",
-                    reason="preload-value-from",
+                    reason=Reason.PRELOAD_VALUE_FROM,
                 )
             )
 

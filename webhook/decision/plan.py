@@ -23,6 +23,7 @@ from webhook.decision.layout import STATUS_ANNOTATION, layout
 from webhook.decision.patch import Op, plain
 from webhook.decision.policy import Policy
 from webhook.errors import PodError, ShapeError
+from webhook.reasons import Reason
 
 __all__ = [
     "STATUS_ANNOTATION",
@@ -42,14 +43,14 @@ MAX_PROBLEMS = 10  # named in a refusal; a pod with more hears how many more
 # came. Every other problem leaves the set-up well defined, so it is made.
 WOULD_REFUSE = "gpushare-webhook would refuse this pod: "  # a warning's start, under warn
 NOT_INJECTABLE = frozenset(
-    {"malformed-object", "reserved-volume", "shim-mount", "preload-value-from"}
+    {Reason.MALFORMED_OBJECT, Reason.RESERVED_VOLUME, Reason.SHIM_MOUNT, Reason.PRELOAD_VALUE_FROM}
 )
 
 
 class Problem(NamedTuple):
     """One reason a pod is refused: a stable label and the message that names the fix."""
 
-    reason: str
+    reason: Reason
     message: str
 
 
@@ -58,7 +59,7 @@ class Decision:
     """What the webhook answers for one pod."""
 
     outcome: Outcome
-    reason: str
+    reason: Reason
     message: str = ""
     code: int = 200
     ops: tuple[Op, ...] = ()  # the JSON Patch, as data (encoded by responses.patched)
@@ -72,7 +73,7 @@ class Decision:
         return self.outcome != "rejected"
 
     @property
-    def reasons(self) -> tuple[str, ...]:
+    def reasons(self) -> tuple[Reason, ...]:
         """The reason of every problem, each once, in order (empty unless refused or warned)."""
         return tuple(dict.fromkeys(problem.reason for problem in self.problems))
 
@@ -82,7 +83,7 @@ class Decision:
         return plain(self.ops)
 
 
-def untouched(reason: str) -> Decision:
+def untouched(reason: Reason) -> Decision:
     return Decision(outcome="untouched", reason=reason)
 
 
@@ -99,7 +100,7 @@ def _refused(found: list[PodError]) -> Decision:
     )
 
 
-_NOTHING_DONE = Decision(outcome="untouched", reason="untouched")  # its fields all replaced
+_NOTHING_DONE = Decision(outcome="unchanged", reason=Reason.UNCHANGED)  # outcome, reason replaced
 
 
 def _warned(found: list[PodError], done: Decision | None = None) -> Decision:
@@ -109,9 +110,7 @@ def _warned(found: list[PodError], done: Decision | None = None) -> Decision:
     None when it set up nothing.
     """
     refused = _refused(found)
-    warnings = tuple(
-        f"gpushare-webhook would refuse this pod: {p.message}" for p in refused.problems
-    )
+    warnings = tuple(f"{WOULD_REFUSE}{p.message}" for p in refused.problems)
     base = done or _NOTHING_DONE
     return dataclasses.replace(
         base,
@@ -194,7 +193,7 @@ def _plan(
     if not isinstance(pod, dict):
         raise ShapeError("object", "a Pod object", pod)
     if namespace and namespace in policy.exclude_namespaces:
-        return untouched("excluded-namespace")
+        return untouched(Reason.EXCLUDED_NAMESPACE)
     if not is_gpu_pod(pod, policy):
         # Not ours to shape, but a pod that names GPUs itself would get them unconfined.
         spec = pod.get("spec")
@@ -202,7 +201,7 @@ def _plan(
         if isinstance(spec, dict):
             for kind, container in each_container(spec, CONTAINER_KINDS):
                 checks.check_visible_devices(container, kind, policy, found)
-        return _judged(found, warn) if found else untouched("no-gpu-request")
+        return _judged(found, warn) if found else untouched(Reason.NO_GPU_REQUEST)
     spec = pod["spec"]  # an object: is_gpu_pod found GPUs in it
     metadata = mapping(pod, "metadata", path="", optional=True)
     limits = limits or limits_from_policy(policy)
@@ -232,7 +231,7 @@ def _plan(
 
     # Under warn, a pod with problems gets here too: its readable asks are set
     # up, and the scheduler it named, which enforce would refuse, is kept.
-    keep_scheduler = any(e.reason == "scheduler-name" for e in found)
+    keep_scheduler = any(e.reason == Reason.SCHEDULER_NAME for e in found)
     warnings = _claim_warnings(spec, policy) + _device_plugin_warnings(asks, policy)
     ops = [] if keep_scheduler else inject.scheduler_ops(spec, policy)
     ops += inject.volume_ops(spec, shape)
@@ -240,10 +239,9 @@ def _plan(
         ops += inject.env_ops(container, base, ask, shape, warnings)
         ops += inject.mount_ops(container, base, shape)
     ops += inject.annotation_ops(metadata, asks, policy, demand)
-    outcome: Outcome = "mutated" if ops else "unchanged"
     done = Decision(
-        outcome=outcome,
-        reason=outcome,
+        outcome="mutated" if ops else "unchanged",
+        reason=Reason.MUTATED if ops else Reason.UNCHANGED,
         ops=tuple(ops),
         warnings=tuple(warnings),
         demand=demand,
@@ -301,10 +299,10 @@ def plan_ephemeral(pod: object, policy: Policy, *, namespace: str = "") -> Decis
         if not isinstance(pod, dict):
             raise ShapeError("object", "a Pod object", pod)
         if namespace and namespace in policy.exclude_namespaces:
-            return untouched("excluded-namespace")
+            return untouched(Reason.EXCLUDED_NAMESPACE)
         spec = pod.get("spec")
         if not isinstance(spec, dict):
-            return untouched("no-gpu-request")
+            return untouched(Reason.NO_GPU_REQUEST)
         gpu_pod = is_gpu_pod(pod, policy)
         found: checks.Problems = []
         for kind, container in each_container(spec, ("ephemeralContainers",)):
@@ -313,4 +311,4 @@ def plan_ephemeral(pod: object, policy: Policy, *, namespace: str = "") -> Decis
                 checks.check_privilege(container, kind, policy, found)
     except PodError as error:
         return _judged([error], warn)
-    return _judged(found, warn) if found else untouched("ephemeral-allowed")
+    return _judged(found, warn) if found else untouched(Reason.EPHEMERAL_ALLOWED)

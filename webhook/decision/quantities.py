@@ -15,6 +15,7 @@ from fractions import Fraction
 from typing import Literal
 
 from webhook.errors import QuantityError
+from webhook.reasons import Reason
 
 MemoryUnit = Literal["GiB", "MiB"]
 
@@ -147,25 +148,25 @@ def whole_count(
             f"{what} is {text!r}, which means {format_units(quantity.value)} {unit_word}: "
             f"the resource counts whole {unit_word}, not bytes; write "
             f"{format_units(max(suggestion, 1))!r} instead",
-            reason="unit-confusion",
+            reason=Reason.UNIT_CONFUSION,
         )
     value = quantity.value
     if value <= 0:
         raise QuantityError(
             f"{what} is {text!r}; it must be a positive whole number of {unit_word} (1 or more)",
-            reason="non-positive",
+            reason=Reason.NON_POSITIVE,
         )
     if value.denominator != 1:
         rounded = -(-value.numerator // value.denominator)
         raise QuantityError(
             f"{what} is {text!r} ({format_units(value)} {unit_word}), which is not a whole "
             f"number; GPU resources are counted in whole {unit_word}: write {str(rounded)!r}",
-            reason="fractional",
+            reason=Reason.FRACTIONAL,
         )
     count = value.numerator
     if maximum is not None and count > maximum:
         raise QuantityError(
             f"{what} is {text!r}; it must be at most {maximum} {unit_word}",
-            reason="out-of-range",
+            reason=Reason.OUT_OF_RANGE,
         )
     return count

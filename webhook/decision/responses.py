@@ -73,9 +73,9 @@ def denied(
     return response
 
 
-def errored(uid: str, message: str) -> Response:
+def errored(uid: str, message: str, *, audit: Mapping[str, str] | None = None) -> Response:
     """An internal failure as a denial (never HTTP 500): refused under any failurePolicy."""
-    return denied(uid, f"gpushare-webhook internal error: {message}", code=500)
+    return denied(uid, f"gpushare-webhook internal error: {message}", code=500, audit=audit)
 
 
 def _decorate(response: Response, warnings: Sequence[str], audit: Mapping[str, str] | None) -> None:

@@ -40,6 +40,7 @@ from webhook.decision.nodes import NodeView, facts_of
 from webhook.decision.plan import Decision, is_gpu_pod, plan
 from webhook.decision.policy import Policy
 from webhook.preview import preview
+from webhook.reasons import Reason
 from webhook.report.objects import Objects
 from webhook.report.reserved import NodeGpus, Waiting, account, unanswered
 
@@ -51,7 +52,7 @@ NOT_CALLED = (
 )
 OTHER_POLICY = "set up under another policy than the one in force (it changed since)"
 # What a pod the webhook set up breaks only when the policy moved the shim since.
-OURS_MOVED = frozenset({"reserved-volume", "shim-mount"})
+OURS_MOVED = frozenset({Reason.RESERVED_VOLUME, Reason.SHIM_MOUNT})
 
 
 @dataclass(frozen=True)

@@ -190,7 +190,7 @@ def log_admission(result: Result, seconds: float) -> None:
         "namespace": result.namespace,
         "pod": result.name,
         "decision": outcome,
-        "reason": decision.reason if decision else ("bad-request" if result.status != 200 else ""),
+        "reason": result.reason.value,
         "duration_ms": round(seconds * 1000, 3),
     }
     if decision is not None and len(decision.problems) > 1:

@@ -144,13 +144,7 @@ class Metrics:
         self._flusher_pid = 0
 
     def observe(self, result: Result, seconds: float, *, fallback: bool, policy: Policy) -> None:
-        outcome = result.outcome
-        if outcome == "bad-request":
-            reason = "bad-request"
-        elif outcome == "error":
-            reason = "internal"
-        else:
-            reason = result.decision.reason if result.decision else "untouched"
+        outcome, reason = result.outcome, result.reason.value
         # A warned pod is admitted too; it counts as a GPU pod if any of it asks GPU memory.
         admitted = outcome in ("mutated", "unchanged", "warned") and not result.dry_run
         memory = reserved(result) * bytes_per_unit(policy) if admitted else 0
