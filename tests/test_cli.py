@@ -551,3 +551,13 @@ def test_mutate_under_warn_admits_and_says_what_would_be_refused(tmp_path: Path)
     code, _, err = run_mutate(other, "--policy", str(policy), "-n", "team-b")
     assert code == 1
     assert err.startswith("rejected: ")
+
+
+def test_the_readme_tour_is_what_mutate_prints() -> None:
+    """README's one-minute tour shows a pod and what admission makes of it: the same data."""
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    tour = text[text.index("## A one-minute tour") :]
+    given, admitted = tour.split("```yaml\n")[1:3]
+    code, out, err = run_mutate(given.split("```")[0])
+    assert code == 0, err
+    assert yaml.safe_load(out) == yaml.safe_load(admitted.split("```")[0])

@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 
 from tests.helpers import GPU, apply, container, examples, pod
 from webhook.decision import contract
-from webhook.decision.layout import PINNED_KEPT, layout
+from webhook.decision.layout import ACCOUNTING_SIZE, PINNED_KEPT, layout
 from webhook.decision.plan import plan
 from webhook.decision.policy import DEFAULT_POLICY, parse_policy_text
+from webhook.decision.quantities import parse_quantity
 
 ROOT = Path(__file__).parent.parent
 COMPUTE = "aliyun.com/gpu-core.percentage"
@@ -150,7 +151,7 @@ def test_a_mount_over_the_override_file_is_refused() -> None:
 def test_no_override_file_means_no_second_volume() -> None:
     policy = parse_policy_text("shim: {overrideFile: ''}\n")
     out = apply(pod(container(gpu="4")), list(plan(pod(container(gpu="4")), policy).patch))
-    assert [v["name"] for v in out["spec"]["volumes"]] == ["gpushare-shim"]
+    assert [v["name"] for v in out["spec"]["volumes"]] == ["gpushare-shim", "gpushare-accounting"]
 
 
 def test_the_threat_model_lists_every_variable_the_shim_reads() -> None:
@@ -182,3 +183,8 @@ def test_pinned_values_are_made_once_per_layout_and_kept_within_a_bound() -> Non
     assert len(shape._pinned) <= PINNED_KEPT
     again = shape.pinned("train", 4, 2, 50)  # made again, the same
     assert (again.values, again.env.data) == (first.values, first.env.data)
+
+
+def test_the_accounting_volume_holds_sixteen_whole_regions() -> None:
+    # NB: past its sizeLimit the kubelet evicts the pod; regions are sparse, so this is the bound.
+    assert parse_quantity(ACCOUNTING_SIZE).value >= 16 * contract.REGION_BYTES

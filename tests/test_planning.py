@@ -74,7 +74,7 @@ def test_last_preload_entry_wins_like_the_kubelet() -> None:
 
 LIMIT = {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1024m"}
 LIMIT_0 = {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "1024m"}
-REGION = {"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": "/tmp/gpushare-shim.main.cache"}
+REGION = {"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": "/var/run/gpushare/main.cache"}
 REDIRECT = {"name": "CUDA_REDIRECT", "value": "/usr/local/vgpu/libvgpu.so"}
 PINNED = [LIMIT, LIMIT_0, REGION, REDIRECT]
 SHIM = {"name": "LD_PRELOAD", "value": "/usr/local/vgpu/libvgpu.so"}

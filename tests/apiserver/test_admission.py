@@ -97,6 +97,31 @@ def test_a_gpu_pod_is_stored_mutated(cluster: Installed) -> None:
     assert any(name.startswith("kube-api-access-") for name in volumes), volumes
 
 
+def test_a_non_root_pod_on_a_read_only_root_gets_its_accounting_volume(cluster: Installed) -> None:
+    # The API server validates the volumes and mounts the webhook adds; the kubelet
+    # (which makes the emptyDir mode 0777) does not run here: docs/security.md.
+    hardened = {**RESTRICTED, "readOnlyRootFilesystem": True}
+    init = gpu_container("warmup", gpu="2", securityContext=hardened)
+    manifest = pod_manifest(
+        "hardened",
+        gpu_container(securityContext=hardened),
+        initContainers=[init],
+        securityContext={"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+    )
+    create_pod(cluster.api, TEAM, manifest)
+    stored = stored_pod(cluster.api, TEAM, "hardened")
+    (volume,) = [v for v in stored["spec"]["volumes"] if v["name"] == "gpushare-accounting"]
+    assert volume == {"name": "gpushare-accounting", "emptyDir": {"sizeLimit": "32Mi"}}
+    spec = stored["spec"]
+    for found in (spec["containers"][0], spec["initContainers"][0]):
+        mount = {"name": "gpushare-accounting", "mountPath": "/var/run/gpushare"}
+        assert mount in found["volumeMounts"]
+        env = env_of(found)
+        assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == f"/var/run/gpushare/{found['name']}.cache"
+        assert env["LD_PRELOAD"] == SHIM
+    assert env_of(spec["initContainers"][0])["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"
+
+
 def test_a_pod_too_big_for_any_gpu_is_refused_with_our_message(cluster: Installed) -> None:
     manifest = json.dumps(pod_manifest("too-big", gpu_container(gpu="24")))
     done = cluster.plane.kubectl("apply", "-n", TEAM, "-f", "-", stdin=manifest, check=False)

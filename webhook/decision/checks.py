@@ -313,8 +313,8 @@ def check_mounts(
             found.append(
                 PodError(
                     f"{ask.label} mounts the webhook's volume {name!r} at "
-                    f"{mount.get('mountPath')!r}; it may only be mounted read-only where the "
-                    "webhook puts it: remove that mount",
+                    f"{mount.get('mountPath')!r}; it may only be mounted where the webhook puts "
+                    "it: remove that mount",
                     reason=Reason.SHIM_MOUNT,
                 )
             )
@@ -333,6 +333,15 @@ def check_mounts(
                     f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
                     f"webhook puts {holds[path]}; it would loosen the GPU shim's limits: "
                     "remove that mount",
+                    reason=Reason.SHIM_MOUNT,
+                )
+            )
+        elif path.startswith(layout.region_dir):
+            found.append(
+                PodError(
+                    f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, inside "
+                    "the folder of the GPU shim's accounting; it could hand the shim a prepared "
+                    f"region: mount it somewhere outside {layout.region_dir[:-1]}",
                     reason=Reason.SHIM_MOUNT,
                 )
             )

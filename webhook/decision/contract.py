@@ -56,10 +56,11 @@ VARIABLES = (
     ),
     Variable(
         "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-        "path of the accounting region (default /tmp/cudevshr.cache); the limits of the "
-        "process that creates it hold for every process that opens it later",
-        "pinned to /tmp/gpushare-shim.<container>.cache: no env can point at a prepared file, "
-        "and containers that share /tmp never share one region's limits",
+        "path of the accounting region (default /tmp/cudevshr.cache), created mode 0666; the "
+        "limits of the process that creates it hold for every process that opens it later",
+        "pinned to /var/run/gpushare/<container>.cache, in the pod's emptyDir "
+        "`gpushare-accounting`: no env can point at a prepared file, no two containers share "
+        "one region's limits, and the node can read it",
     ),
     Variable(
         "CUDA_REDIRECT",
@@ -68,7 +69,8 @@ VARIABLES = (
     ),
     Variable(
         "/overrideEnv",
-        "a file, read when NVML starts: each KEY=VALUE line is set with setenv, over the pod's env",
+        "a file, read when NVML starts, after the region is opened and the limits read: each "
+        "KEY=VALUE line is set with setenv, over the pod's env",
         "/dev/null mounted over it, read-only (`shim.overrideFile`)",
     ),
     Variable(
@@ -100,6 +102,15 @@ UTILIZATION_POLICY = "GPU_CORE_UTILIZATION_POLICY"
 UTILIZATION_DEFAULT = "default"
 
 
+# NB: a fixed convention: the node reads each region at
+# /var/lib/kubelet/pods/<pod uid>/volumes/kubernetes.io~empty-dir/<volume>/<container>.cache,
+# and the kubelet removes it with the pod.
+REGION_DIR = "/var/run/gpushare"
+# The shim maps sizeof(shared_region_t) bytes, 2,008,952 at this commit (x86-64),
+# plus one byte it writes past them; a region is a sparse file, so far less is used.
+REGION_BYTES = 2_008_953
+
+
 def region_path(container: str) -> str:
     """The accounting region of one container (names are unique within a pod)."""
-    return f"/tmp/gpushare-shim.{container}.cache"
+    return f"{REGION_DIR}/{container}.cache"

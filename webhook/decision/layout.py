@@ -2,8 +2,8 @@
 
 Owns the names the webhook reserves (its volumes, the status annotation,
 LD_PRELOAD) and the layout the shim section of a policy gives: the
-volumes, the read-only mounts (and their paths, to compare a container's
-own mounts with), and the names of the limit variables. Checks and
+volumes, the mounts (and their paths, to compare a container's own
+mounts with), and the names of the limit variables. Checks and
 injection both read it; it is data, shared by every patch of the policy
 (``Fixed`` values, never changed).
 """
@@ -23,6 +23,14 @@ from webhook.decision.policy import LD_SO_PRELOAD, EnvNames, Shim, folder
 VOLUME_NAME = "gpushare-shim"
 # An empty file over the shim's override file (see webhook.decision.contract).
 NO_OVERRIDE_VOLUME = "gpushare-shim-no-override"
+# The pod's own emptyDir for the shim's accounting regions (contract.REGION_DIR):
+# writable whatever the container's user or root filesystem, since the kubelet
+# makes an emptyDir's folder mode 0777 (pkg/volume/emptydir/empty_dir.go,
+# setupDir), and readable by the node, where the kubelet keeps it.
+ACCOUNTING_VOLUME = "gpushare-accounting"
+# Room for 16 whole regions (contract.REGION_BYTES each): past its sizeLimit
+# the kubelet evicts the pod, and sparse regions never come near it.
+ACCOUNTING_SIZE = "32Mi"
 STATUS_ANNOTATION = "gpushare-webhook.io/status"
 PRELOAD = "LD_PRELOAD"
 
@@ -36,7 +44,7 @@ class Pinned(NamedTuple):
 
 
 class Mount(NamedTuple):
-    """One read-only mount of one of the webhook's volumes."""
+    """One mount of one of the webhook's volumes."""
 
     path: str  # its mount path with one trailing slash, to compare with a container's mounts
     entry: Fixed[Mapping[str, object]]  # the volumeMounts entry
@@ -49,6 +57,7 @@ class Layout:
     volumes: tuple[Fixed[Mapping[str, object]], ...]  # ours, the shim's hostPath first
     volume_names: frozenset[str]
     mount_dir: str  # the shim's mount path with one trailing slash, to compare paths
+    region_dir: str  # the accounting volume's mount path, likewise
     mounts: tuple[Mount, ...]
     placed: frozenset[tuple[str, str]]  # (volume, path) of each of our mounts
     holds: Mapping[str, str]  # what is mounted at each of our paths, for messages
@@ -106,6 +115,14 @@ def _mount(volume: str, path: str, holds: str, sub_path: str = "") -> Mount:
     return Mount(folder(path), Fixed(entry), holds)
 
 
+# The shim maps its region read-write (contract.py), so this one mount is not read-only.
+_ACCOUNTING = Mount(
+    folder(contract.REGION_DIR),
+    Fixed({"name": ACCOUNTING_VOLUME, "mountPath": contract.REGION_DIR}),
+    "the GPU shim's accounting",
+)
+
+
 def _layout(shim: Shim, env: EnvNames, mib_per_unit: int) -> Layout:
     volumes = [{"name": VOLUME_NAME, "hostPath": {"path": shim.host_path, "type": "Directory"}}]
     mounts = [_mount(VOLUME_NAME, shim.mount_path, "the GPU shim")]
@@ -123,12 +140,15 @@ def _layout(shim: Shim, env: EnvNames, mib_per_unit: int) -> Layout:
                 NO_OVERRIDE_VOLUME, shim.override_file, "an empty file over the shim's overrides"
             )
         )
+    volumes.append({"name": ACCOUNTING_VOLUME, "emptyDir": {"sizeLimit": ACCOUNTING_SIZE}})
+    mounts.append(_ACCOUNTING)
     names = f"{re.escape(env.memory_limit)}|{re.escape(env.sm_limit)}"
     return Layout(
         preload=shim.preload,
         volumes=tuple(Fixed(volume) for volume in volumes),
         volume_names=frozenset(str(volume["name"]) for volume in volumes),
         mount_dir=mounts[0].path,
+        region_dir=_ACCOUNTING.path,
         mounts=tuple(mounts),
         placed=frozenset((str(m.entry.data["name"]), m.path) for m in mounts),
         holds={m.path: m.holds for m in mounts},

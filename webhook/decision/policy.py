@@ -18,6 +18,7 @@ from typing import Any, Literal, cast
 
 import yaml
 
+from webhook.decision.contract import REGION_DIR
 from webhook.decision.keys import (
     DNS_LABELS,
     NAMESPACE,
@@ -89,7 +90,8 @@ class Shim:
     library: str = setting(
         "library", "libvgpu.so", FileName(), "preloaded as LD_PRELOAD=<mountPath>/<library>"
     )
-    # A process cannot drop /etc/ld.so.preload by clearing its environment.
+    # A process cannot drop /etc/ld.so.preload by clearing its environment, but the
+    # shim it loads then reads no limit (docs/security.md, "A cleared environment").
     ld_so_preload: bool = setting(
         "ldSoPreload", False, Boolean(), "also mount <hostPath>/ld.so.preload at /etc/ld.so.preload"
     )
@@ -335,6 +337,15 @@ def _cross_check(policy: Policy) -> None:
             f"policy key 'shim.mountPath': {policy.shim.mount_path!r} overlaps "
             f"{LD_SO_PRELOAD}, where shim.ldSoPreload mounts the preload list"
         )
+    for key, path in (
+        ("mountPath", policy.shim.mount_path),
+        ("overrideFile", policy.shim.override_file),
+    ):
+        if path and overlaps(path, REGION_DIR):
+            raise PolicyError(
+                f"policy key 'shim.{key}': {path!r} overlaps {REGION_DIR}, where the "
+                "webhook mounts the shim's accounting"
+            )
     names = {policy.resource_name, policy.compute.resource_name, policy.multi_gpu.resource_name}
     if len(names) != 3:
         raise PolicyError(
