@@ -246,6 +246,9 @@ def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
     check.add_argument("file")
     show = policy_sub.add_parser("show", help="print the effective policy, defaults filled in")
     show.add_argument("file", nargs="?", help="policy file (default: built-in defaults)")
+    from webhook.cli.node import add_parser  # it imports this module's exit codes
+
+    add_parser(sub)
     return parser
 
 
