@@ -27,7 +27,7 @@ class NodeLabel:
 
     def set(self, value: str | None) -> None:
         """Set the label to ``value``; None removes it (a no-op where it is absent)."""
-        body = json.dumps({"metadata": {"labels": {self.key: value}}})
+        body = {"metadata": {"labels": {self.key: value}}}
 
         def patch() -> None:
             method, url, headers, payload, post = self.api.param_serialize(
