@@ -18,9 +18,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import config
 
 from tests.controlplane.install import NS, Installed
 from tests.helpers import eventually
+from webhook.cluster.nodelabel import NodeLabel
+from webhook.errors import KubeError
 from webhook.node.install import digest
 
 AGENT = "gpushare-webhook-node-agent"
@@ -156,3 +159,15 @@ def test_the_agents_token_may_change_nothing_else(
         "label", "node", HERE, f"{LABEL}=0123456789ab", "--overwrite", kubeconfig=agent_kubeconfig
     )
     assert allowed.returncode == 0
+
+
+def test_a_patch_the_policy_refuses_says_so_in_one_line(
+    installed: Installed, agent_kubeconfig: Path
+) -> None:
+    api = config.new_client_from_config(config_file=str(agent_kubeconfig))
+    with pytest.raises(KubeError) as caught:
+        NodeLabel(api, THERE, LABEL).set("0123456789ab")
+    message = str(caught.value)
+    assert message.startswith("an admission policy refused to patch node agent-node-b: ")
+    assert "the node agent may change only the Node its own pod runs on" in message
+    assert "\n" not in message

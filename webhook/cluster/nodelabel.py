@@ -15,6 +15,19 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook.cluster import kube
+from webhook.errors import KubeError
+
+
+def _denied_by_policy(error: BaseException | None) -> str:
+    """The API server's reason when an admission policy, not RBAC, refused the patch."""
+    if not isinstance(error, ApiException) or not error.body:
+        return ""
+    try:
+        message = json.loads(error.body).get("message", "")
+    except (ValueError, AttributeError):
+        return ""
+    return str(message) if "ValidatingAdmissionPolicy" in str(message) else ""
+
 
 RBAC = "the ClusterRole in manifests/base/node-agent.yaml"
 
@@ -41,11 +54,19 @@ class NodeLabel:
                 auth_settings=["BearerToken"],
             )
             response = self.api.call_api(method, url, headers, payload, post, _request_timeout=30)
-            response.read()
+            answer = response.read().decode("utf-8", "replace")
             if not 200 <= response.status <= 299:
-                raise ApiException(status=response.status, reason=response.reason)
+                raise ApiException(status=response.status, reason=response.reason, body=answer)
 
-        kube.call(f"node {self.node}", "patch", "nodes", patch, rbac=RBAC)
+        try:
+            kube.call(f"node {self.node}", "patch", "nodes", patch, rbac=RBAC)
+        except KubeError as error:
+            reason = _denied_by_policy(error.__context__)
+            if not reason:
+                raise
+            raise KubeError(
+                f"an admission policy refused to patch node {self.node}: {reason}"
+            ) from None
 
     def get(self) -> str | None:
         """The label's value now, None when the Node has no such label."""
