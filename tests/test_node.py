@@ -214,7 +214,7 @@ class Recorded:
         self.sets.append(value)
 
 
-def test_a_round_labels_and_a_broken_source_unlabels(
+def test_a_round_labels_and_a_broken_library_unlabels(
     library: Path, host: Path, tmp_path: Path
 ) -> None:
     label, counts = Recorded(), Counts()
@@ -223,9 +223,14 @@ def test_a_round_labels_and_a_broken_source_unlabels(
     assert label.value == done.short == digest(library)[:12]
     one_round(_target(library, host), label, counts)
     assert label.sets == [done.short]  # unchanged: not patched again
+    # A broken source keeps the label while the node's copy is good...
+    one_round(_target(tmp_path / "gone.so", host), label, counts)
+    assert label.value == done.short
+    # ...and removes it once the node's copy is gone or broken too.
+    done.path.write_bytes(b"truncated")
     one_round(_target(tmp_path / "gone.so", host), label, counts)
     assert label.value is None
-    assert (counts.installed, counts.current, counts.skipped) == (1, 1, 1)
+    assert (counts.installed, counts.current, counts.skipped) == (1, 1, 2)
 
 
 def test_the_loop_stops_on_its_event_and_keeps_the_label(library: Path, host: Path) -> None:

@@ -2,9 +2,9 @@
 
 Owns what one round does (install or find current the library, and the
 ``ld.so.preload`` file with ``shim.ldSoPreload``; then make the Node's
-``gpushare-webhook.io/shim`` label say the library's short sha256, or
-remove it when the library cannot be put in place) and the loop around
-it, which stops on SIGTERM.
+``gpushare-webhook.io/shim`` label say the short sha256 of the library
+the node holds, or remove it when the node holds none it can load) and
+the loop around it, which stops on SIGTERM.
 
 NB: stopping leaves the label and the library where they are. A rolling
 update of the DaemonSet stops every agent in turn; taking the label off
@@ -25,7 +25,13 @@ from typing import Protocol
 
 from webhook.decision.policy import Policy
 from webhook.errors import KubeError, ShimError
-from webhook.node.install import Installed, install_library, install_text, machine_of
+from webhook.node.install import (
+    Installed,
+    checked_source,
+    install_library,
+    install_text,
+    machine_of,
+)
 
 log = logging.getLogger("gpushare-webhook.node")
 
@@ -66,6 +72,16 @@ def install_shim(target: Target, *, machine: tuple[int, str] | None = None) -> I
     return done
 
 
+def installed_copy(target: Target) -> Installed | None:
+    """The library on the node, if it is one this node loads; None if missing or broken."""
+    path = target.directory / target.library
+    try:
+        sha256 = checked_source(path, machine_of())
+    except ShimError:
+        return None
+    return Installed(path, sha256, "current")
+
+
 @dataclass
 class Counts:
     """What the agent did since it started (logged; a node agent skips and counts)."""
@@ -84,7 +100,9 @@ def one_round(target: Target, label: Label | None, counts: Counts) -> Installed 
     except ShimError as error:
         counts.skipped += 1
         log.warning("shim not installed (skipped %d time(s)): %s", counts.skipped, error)
-        _label(label, None, counts)
+        # A bad source leaves a good installed copy in place, and pods may use it.
+        kept = installed_copy(target)
+        _label(label, kept.short if kept else None, counts)
         return None
     if done.outcome == "installed":
         counts.installed += 1
