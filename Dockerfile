@@ -9,7 +9,29 @@ RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir -c constraints.txt . \
     && /opt/venv/bin/python -m compileall -q /opt/venv
 
-# Final stage: the same Python, the venv, no build tools, a non-root user.
+# The shim: HAMi-core's libvgpu.so, built from its source at a pinned commit (its
+# repository carries no licence file: see the README). The source and CMake come
+# through Python, pinned (the commit names the source's bytes; pip pins CMake);
+# the library is built on NVIDIA's CUDA devel image, as HAMi-core's own build does.
+FROM python:3.11.11-slim-bookworm AS shim-source
+ARG HAMI_CORE_COMMIT=8f3a89c67b037d8fdfe6c4cd4d8c4f0cd6504811
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+RUN pip install --no-cache-dir --target=/opt/cmake-wheel cmake==3.31.6 \
+    && python -c "import sys, tarfile, urllib.request; \
+url = 'https://github.com/Project-HAMi/HAMi-core/archive/' + sys.argv[1] + '.tar.gz'; \
+tarfile.open(urllib.request.urlretrieve(url)[0]).extractall('/src', filter='data')" \
+        "${HAMI_CORE_COMMIT}" \
+    && mv "/src/HAMi-core-${HAMI_CORE_COMMIT}" /src/hami-core
+
+FROM nvidia/cuda:13.3.0-devel-ubi8 AS shim
+COPY --from=shim-source /opt/cmake-wheel/cmake/data /opt/cmake
+COPY --from=shim-source /src/hami-core /src/hami-core
+WORKDIR /src/hami-core
+RUN CMAKE=/opt/cmake/bin/cmake bash ./build.sh \
+    && test -f build/libvgpu.so
+
+# Final stage: the same Python, the venv, the shim, no build tools, a non-root user.
 FROM python:3.11.11-slim-bookworm
 LABEL org.opencontainers.image.title="gpushare-webhook" \
       org.opencontainers.image.description="Admission webhook that makes GPU sharing safe" \
@@ -18,6 +40,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 COPY --from=build /opt/venv /opt/venv
+# The node agent (gpushare-webhook node agent) installs it on every GPU node.
+COPY --from=shim /src/hami-core/build/libvgpu.so /opt/gpushare/shim/libvgpu.so
 # 65532: the conventional "nonroot" uid; no shell account is needed.
 USER 65532:65532
 EXPOSE 8443

@@ -37,6 +37,10 @@ ROOT = Path(__file__).parent.parent
 CHART = ROOT / "charts" / "gpushare-webhook"
 NAMESPACE = "gpushare-system"
 UPDATE = os.environ.get("GOLDEN_UPDATE") == "1"
+CLUSTER_SCOPED_UNKNOWN_TO_KUSTOMIZE = {
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 HELM_LABELS = {
     "helm.sh/chart",
     "app.kubernetes.io/managed-by",
@@ -115,6 +119,8 @@ def comparable(doc: dict[str, Any], *, helm: bool) -> tuple[tuple[str, str], dic
         meta.pop("labels", None)
         if labels:
             meta["labels"] = labels
+    if doc["kind"] in CLUSTER_SCOPED_UNKNOWN_TO_KUSTOMIZE:
+        meta.pop("namespace", None)  # kustomize sets it; the API server drops it on create
     if doc["kind"] == "Job":
         meta["name"] = re.sub(r"-certs-[a-z0-9]+$", "-certs-*", meta["name"])
     if doc["kind"] == "ConfigMap" and "policy.yaml" in doc.get("data", {}):

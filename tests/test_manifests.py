@@ -346,6 +346,16 @@ def granted(docs: list[dict[str, Any]], account: str) -> set[tuple[str, str, str
     return found
 
 
+def _held_by_policy(role: dict[str, Any]) -> bool:
+    """A ClusterRole whose writes a ValidatingAdmissionPolicy of its name narrows (node agent)."""
+    name = role["metadata"]["name"]
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in render("default")}
+    return {
+        ("ValidatingAdmissionPolicy", name),
+        ("ValidatingAdmissionPolicyBinding", name),
+    } <= kinds
+
+
 def test_rbac_is_least_privilege() -> None:
     docs = render("default")
     # The server itself may only list and watch nodes, for --watch-nodes.
@@ -357,7 +367,7 @@ def test_rbac_is_least_privilege() -> None:
             for rule in doc["rules"]:
                 assert "*" not in rule["verbs"]
                 assert "*" not in rule["resources"]
-                if set(rule["verbs"]) - {"create", "list", "watch"}:
+                if set(rule["verbs"]) - {"create", "list", "watch"} and not _held_by_policy(doc):
                     assert rule.get("resourceNames"), rule
                 if set(rule["verbs"]) & {"list", "watch"}:
                     assert rule["resources"] == ["nodes"], rule  # nothing secret is listed
@@ -409,7 +419,11 @@ def test_dockerfile_is_multi_stage_pinned_and_non_root() -> None:
     bases = re.findall(r"^FROM (\S+)", dockerfile(), re.MULTILINE)
     assert len(bases) >= 2
     for base in bases:
-        assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", base), base
+        # Python for the product; NVIDIA's CUDA devel image only to build the shim.
+        assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", base) or re.fullmatch(
+            r"nvidia/cuda:\d+\.\d+\.\d+-devel-\w+", base
+        ), base
+    assert bases[-1].startswith("python:")
     final = dockerfile().rsplit("\nFROM ", 1)[1]
     user = re.search(r"^USER (\S+)", final, re.MULTILINE)
     assert user
@@ -429,7 +443,7 @@ def test_image_entrypoint_and_paths_match_the_deployment() -> None:
             assert any(path.startswith(m + "/") for m in mounts), path
 
 
-@pytest.mark.parametrize("kind", ["Deployment", "Job", "CronJob"])
+@pytest.mark.parametrize("kind", ["Deployment", "Job", "CronJob", "DaemonSet"])
 def test_container_commands_parse_with_the_cli(kind: str) -> None:
     spec = find("default", kind)["spec"]
     if kind == "CronJob":
@@ -492,3 +506,90 @@ def test_every_checkov_exception_is_justified_in_the_security_notes() -> None:
                     skipped.add(value.split("=", 1)[0])
     assert skipped
     assert sorted(check for check in skipped if check not in readme) == []
+
+
+AGENT = "system:serviceaccount:gpushare-system:gpushare-webhook-node-agent"
+SHIM = "gpushare-webhook.io/shim"
+
+
+def _node(labels: dict[str, str], **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "gpu-1", "labels": labels}, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("user", "node", "old", "new", "allowed"),
+    [
+        (AGENT, "gpu-1", _node({"a": "b"}), _node({"a": "b", SHIM: "0123456789ab"}), True),
+        (AGENT, "gpu-1", _node({SHIM: "0123456789ab"}), _node({}), True),
+        (AGENT, "gpu-1", _node({SHIM: "0123456789ab"}), _node({SHIM: "ba9876543210"}), True),
+        (AGENT, "gpu-2", _node({}), _node({SHIM: "0123456789ab"}), False),  # another node
+        (AGENT, None, _node({}), _node({SHIM: "0123456789ab"}), False),  # a token bound to none
+        (AGENT, "gpu-1", _node({"a": "b"}), _node({}), False),  # another label removed
+        (AGENT, "gpu-1", _node({}), _node({"gpushare": "true"}), False),  # another label added
+        (AGENT, "gpu-1", _node({"a": "b"}), _node({"a": "c"}), False),  # another label changed
+        (AGENT, "gpu-1", _node({}), _node({}, unschedulable=True), False),  # the spec
+        (AGENT, "gpu-1", _node({}), _node({SHIM: "anything"}), False),  # not a short sha256
+        ("alice", None, _node({"a": "b"}), _node({}), True),  # not the agent: not matched
+    ],
+    ids=[
+        "set",
+        "remove",
+        "change",
+        "other-node",
+        "no-node",
+        "label-removed",
+        "label-added",
+        "label-changed",
+        "spec",
+        "bad-value",
+        "someone-else",
+    ],
+)
+def test_the_node_agent_may_change_only_its_label_on_its_node(
+    user: str, node: str | None, old: dict[str, Any], new: dict[str, Any], allowed: bool
+) -> None:
+    """The ValidatingAdmissionPolicy's CEL, evaluated as the API server would for a Node patch.
+
+    The API server compiles it (tests/apiserver applies it) and enforces it
+    for a real token in tests/apiserver/test_node_agent.py.
+    """
+    policy = find("default", "ValidatingAdmissionPolicy", "gpushare-webhook-node-agent")["spec"]
+    extra = {} if node is None else {"authentication.kubernetes.io/node-name": [node]}
+    context: dict[str, Any] = {
+        "object": new,
+        "oldObject": old,
+        "request": {"userInfo": {"username": user, "extra": extra}},
+    }
+    if not all(cel.evaluate(c["expression"], context) for c in policy["matchConditions"]):
+        assert allowed
+        return
+    context["variables"] = {
+        v["name"]: cel.evaluate(v["expression"], context) for v in policy["variables"]
+    }
+    verdict = all(cel.evaluate(v["expression"], context) for v in policy["validations"])
+    assert verdict is allowed
+
+
+def test_the_node_agent_runs_on_gpu_nodes_with_the_shim_directory_only() -> None:
+    daemonset = find("default", "DaemonSet", "gpushare-webhook-node-agent")
+    spec = daemonset["spec"]["template"]["spec"]
+    policy = parse_policy_text(find("default", "ConfigMap")["data"]["policy.yaml"])
+    assert policy.shim.require_node_label is True
+    # The nodes the GPU-share device plugin runs on, and the watch's selector in the docs.
+    assert spec["nodeSelector"] == {"gpushare": "true"}
+    (c,) = spec["containers"]
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host == {"shim": policy.shim.host_path}
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "shim"]
+    assert mount["mountPath"] == "/host" + policy.shim.host_path
+    assert "--host-root=/host" in c["args"]
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in c[
+        "env"
+    ]
+    source = next(a for a in c["args"] if a.startswith("--source="))
+    assert re.search(rf"^COPY --from=\S+ \S+ {source.split('=', 1)[1]}$", dockerfile(), re.M)
+    granted_agent = granted(list(render("default")), "gpushare-webhook-node-agent")
+    assert granted_agent == {("", "nodes", "get"), ("", "nodes", "patch")}

@@ -31,6 +31,7 @@ def test_defaults_match_the_documented_ones() -> None:
         "library": "libvgpu.so",
         "ldSoPreload": False,
         "overrideFile": "/overrideEnv",
+        "requireNodeLabel": False,
     }
     assert doc["security"] == {"rejectPrivileged": True, "rejectVisibleDevices": True}
     assert doc["env"]["memoryLimit"] == "CUDA_DEVICE_MEMORY_LIMIT"

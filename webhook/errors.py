@@ -11,6 +11,7 @@ The hierarchy::
     ├── InputError               the offline CLI cannot read its input (exit 2)
     ├── CertificateError         a certificate or key is missing, expired or mismatched
     ├── KubeError                the Kubernetes API refused a call or cannot be reached
+    ├── ShimError                the shim library to install is missing or not one the node loads
     └── SnapshotError            the node watch's snapshot file is not one it wrote
 
 Messages are written for the person who will read them in ``kubectl`` output
@@ -76,6 +77,10 @@ class CertificateError(WebhookError):
 
 class KubeError(WebhookError):
     """The Kubernetes API refused or could not be reached; the message says what to fix."""
+
+
+class ShimError(WebhookError):
+    """The node agent cannot install the shim: the source is missing, not an ELF, another arch."""
 
 
 class SnapshotError(WebhookError):

@@ -22,7 +22,7 @@ from tests.controlplane.cluster import ControlPlane
 from tests.helpers import container, eventually, pod
 
 # What PodSecurity's "restricted" level asks of every container (the webhook's
-# own namespace enforces it).
+# own namespace warns and audits by it).
 RESTRICTED = {
     "allowPrivilegeEscalation": False,
     "runAsNonRoot": True,

@@ -73,7 +73,8 @@ def test_a_pod_the_webhook_mutated_is_bound_and_runs(
     ]
     installed.set_policy(shipped["data"]["policy.yaml"])  # the webhook restarted with it
     node = f"webhook-{scheduler.configuration}"
-    gpu_node(node, gpus=2, memory=24)
+    # The shipped policy places GPU pods only where the node agent has labelled the node.
+    gpu_node(node, gpus=2, memory=24, labels={"gpushare-webhook.io/shim": "0123456789ab"})
     before = installed.reviews()
     create_pod(api, namespace, gpu_pod("mutated", "8"))
 

@@ -1,4 +1,4 @@
-"""The ``gpushare-webhook`` command: serve, mutate, report, certs, policy.
+"""The ``gpushare-webhook`` command: serve, mutate, report, certs, policy, node.
 
 Owns argument parsing (``args``), reading files and standard input, exit
 codes and what is printed. Each sub-command (``serve``, ``offline``,
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from webhook.cli.args import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, build_parser
 from webhook.cli.certs import cmd_certs
+from webhook.cli.node import cmd_node
 from webhook.cli.offline import cmd_mutate, cmd_policy
 from webhook.cli.report import cmd_report
 from webhook.cli.serve import cmd_serve
@@ -42,6 +43,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "gpushare-webhook") -
             return cmd_certs(args)
         if args.command == "policy":
             return cmd_policy(args)
+        if args.command == "node":
+            return cmd_node(args)
     except WebhookError as error:  # each names its file, key or field: one line is enough
         print(f"{prog}: {error}", file=sys.stderr)
         return EXIT_INPUT

@@ -100,6 +100,9 @@ def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_serve_command, _mutate_command, _report_command, _certs_command, _policy_command):
         add(sub)
+    from webhook.cli.node import add_parser  # it imports this module's exit codes
+
+    add_parser(sub)
     return parser
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.decision.affinity import SHIM_LABEL
 from webhook.decision.policy import Policy
 from webhook.decision.quantities import parse_quantity
 from webhook.errors import QuantityError
@@ -152,13 +153,21 @@ def limits_over(spec: Mapping[str, Any], nodes: Sequence[GpuNode], policy: Polic
     node pool scaled to zero, which the cluster autoscaler grows when the
     pod waits. The policy's sizes bound it then, and the message says why.
     """
-    allowed = [node for node in nodes if _node_allowed(spec, node.labels)]
+    # With shim.requireNodeLabel the webhook adds the shim's label to the pod's
+    # required affinity, so a node without it can never run the pod.
+    label = SHIM_LABEL if policy.shim.require_node_label else None
+    allowed = [
+        node
+        for node in nodes
+        if _node_allowed(spec, node.labels) and (label is None or label in node.labels)
+    ]
     if not allowed:
+        unmatched = UNMATCHED if label is None else f"{UNMATCHED} and carries {label}"
         return GpuLimits(
             largest_gpu=policy.gpu_memory,
             max_gpus=policy.multi_gpu.max_gpus,
-            source=f"policy gpuMemory; {UNMATCHED}",
-            gpus_source=f"policy multiGpu.maxGpus; {UNMATCHED}",
+            source=f"policy gpuMemory; {unmatched}",
+            gpus_source=f"policy multiGpu.maxGpus; {unmatched}",
         )
     source = "the cluster's GPU nodes"
     if len(allowed) != len(nodes):

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from webhook.decision import checks, inject
+from webhook.decision import affinity, checks, inject
 from webhook.decision.asks import ContainerAsk, collect_asks
 from webhook.decision.capacity import GpuLimits, limits_from_policy
 from webhook.decision.fields import CONTAINER_KINDS, each_container, mapping
@@ -234,6 +234,7 @@ def _plan(
     keep_scheduler = any(e.reason == Reason.SCHEDULER_NAME for e in found)
     warnings = _claim_warnings(spec, policy) + _device_plugin_warnings(asks, policy)
     ops = [] if keep_scheduler else inject.scheduler_ops(spec, policy)
+    ops += affinity.affinity_ops(spec, policy)
     ops += inject.volume_ops(spec, shape)
     for ask, container, base in places:  # no token of base needs JSON-Pointer escaping
         ops += inject.env_ops(container, base, ask, shape, warnings)

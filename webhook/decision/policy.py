@@ -102,6 +102,13 @@ class Shim:
         OrEmpty(AbsolutePath()),
         'file the shim takes variables from; /dev/null hides it ("": none)',
     )
+    # The node agent labels the nodes it installed the shim on (docs/node-agent.md).
+    require_node_label: bool = setting(
+        "requireNodeLabel",
+        False,
+        Boolean(),
+        "place GPU pods only on nodes labelled gpushare-webhook.io/shim",
+    )
 
     @property
     def preload(self) -> str:
