@@ -324,7 +324,15 @@ def main() -> int:
         "share scheduler extender and KWOK's fake nodes (bench/scheduler.py; needs Go and "
         "GPUSHARE_EXTENDER_SOURCE) and write it under the key 'scheduler' of --out",
     )
+    parser.add_argument(
+        "--node",
+        action="store_true",
+        help="run only the node agent's footprint (bench/node.py) and write it under the key "
+        "'node' of --out",
+    )
     args = parser.parse_args()
+    if args.node:
+        return cluster_part("node", Path(args.out), quick=args.quick)
     if args.scheduler:
         missing = _scheduling_tier_missing()
         if missing:

@@ -20,6 +20,7 @@ from webhook.cli.node import cmd_node
 from webhook.cli.offline import cmd_mutate, cmd_policy
 from webhook.cli.report import cmd_report
 from webhook.cli.serve import cmd_serve
+from webhook.cli.top import cmd_top
 from webhook.errors import WebhookError
 
 __all__ = ["build_parser", "cmd_mutate", "kubectl_plugin", "main"]
@@ -45,6 +46,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "gpushare-webhook") -
             return cmd_policy(args)
         if args.command == "node":
             return cmd_node(args)
+        if args.command == "top":
+            return cmd_top(args, sys.stdout)
     except WebhookError as error:  # each names its file, key or field: one line is enough
         print(f"{prog}: {error}", file=sys.stderr)
         return EXIT_INPUT

@@ -13,6 +13,7 @@ import re
 from typing import NoReturn, TypeAlias
 
 from webhook import __version__
+from webhook.cli.top import add_arguments as add_top
 
 EXIT_OK, EXIT_REJECTED, EXIT_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -98,7 +99,14 @@ def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_serve_command, _mutate_command, _report_command, _certs_command, _policy_command):
+    for add in (
+        _serve_command,
+        _mutate_command,
+        _report_command,
+        _top_command,
+        _certs_command,
+        _policy_command,
+    ):
         add(sub)
     from webhook.cli.node import add_parser  # it imports this module's exit codes
 
@@ -240,6 +248,11 @@ def _report_command(sub: Commands) -> None:
     )
     report.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
     report.add_argument("--context", help="kubeconfig context")
+
+
+def _top_command(sub: Commands) -> None:
+    """``top`` and its flags (``webhook.cli.top`` owns them)."""
+    add_top(sub.add_parser("top", help="GPU memory per node, GPU and pod: reserved, limit, used"))
 
 
 def _certs_command(sub: Commands) -> None:

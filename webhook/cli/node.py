@@ -1,4 +1,4 @@
-"""``gpushare-webhook node``: what runs on a GPU node (the shim's install, the agent's loop).
+"""``gpushare-webhook node``: what runs on a GPU node (shim install, agent loop, metrics).
 
 Each action is one entry of ``ACTIONS``: its name, its help, a function
 that adds its flags and one that runs it. ``add_parser`` makes the group
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from webhook.cli import node_metrics
 from webhook.cli.args import EXIT_OK, positive_seconds
 from webhook.decision.affinity import SHIM_LABEL
 from webhook.decision.policy import DEFAULT_POLICY, Policy
@@ -130,11 +131,19 @@ ACTIONS = (
         _agent_arguments,
         cmd_agent,
     ),
+    Action(
+        "metrics",
+        "serve each GPU container's use of its GPU against its limit, for Prometheus",
+        node_metrics.add_arguments,
+        node_metrics.cmd_node_metrics,
+    ),
 )
 
 
 def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
-    node = commands.add_parser("node", help="run on a GPU node: install the shim, label the node")
+    node = commands.add_parser(
+        "node", help="run on a GPU node: install the shim, label the node, serve GPU use"
+    )
     actions = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
     for action in ACTIONS:
         parser = actions.add_parser(action.name, help=action.help)

@@ -1,0 +1,114 @@
+"""``gpushare-webhook top``: GPU memory per node, per GPU, per pod: reserved, limit, used now.
+
+Reads every pod from the API, finds the node agents (``node metrics``) by
+their label and reads each one's metrics through the API server's pod
+proxy, so it needs no Prometheus and no route to the nodes; prints a
+table, as ``kubectl top`` does, or JSON. Exit 0, or 1 when a node with GPU
+pods could not be asked or a region was tampered with; 2 on an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
+from webhook.errors import InputError, KubeError
+from webhook.serving.runtime import read_policy
+
+if TYPE_CHECKING:
+    from webhook.node.scraped import Used
+
+AGENT_SELECTOR = "app.kubernetes.io/name=gpushare-webhook-node"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--output", "-o", choices=("table", "json"), default="table", help="default: %(default)s"
+    )
+    parser.add_argument(
+        "--namespace", "-n", default="", metavar="NS", help="only this namespace's pods"
+    )
+    parser.add_argument("--policy", metavar="FILE", help="the policy (default: the cluster's)")
+    parser.add_argument(
+        "--policy-configmap",
+        default="gpushare-system/gpushare-webhook-policy",
+        metavar="NS/NAME",
+        help="where the cluster's policy is (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--agent-namespace",
+        default="gpushare-system",
+        metavar="NS",
+        help="the node agents' namespace (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--agent-selector",
+        default=AGENT_SELECTOR,
+        metavar="LABELS",
+        help="the node agents' pods (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--agent-port",
+        type=int,
+        default=9394,
+        metavar="PORT",
+        help="their metrics port (default: %(default)s)",
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
+    parser.add_argument("--context", help="kubeconfig context")
+
+
+def _policy(api: Any, args: argparse.Namespace) -> Policy:
+    from webhook.cluster import inventory
+
+    if args.policy:
+        return read_policy(Path(args.policy))
+    namespace, _, name = args.policy_configmap.partition("/")
+    if not name:
+        raise InputError(f"--policy-configmap {args.policy_configmap!r}: expected NAMESPACE/NAME")
+    text = inventory.read_policy_text(api, namespace, name)
+    return (
+        DEFAULT_POLICY
+        if text is None
+        else parse_policy_text(text, source=f"ConfigMap {args.policy_configmap}")
+    )
+
+
+def _reports(api: Any, args: argparse.Namespace) -> dict[str, list[Used] | str]:
+    from webhook.cluster.nodepods import agent_metrics, list_pods
+    from webhook.node.scraped import containers  # prometheus_client's parser: only here
+
+    reports: dict[str, list[Used] | str] = {}
+    for agent in list_pods(api, namespace=args.agent_namespace, selector=args.agent_selector):
+        node = (agent.get("spec") or {}).get("nodeName")
+        name = (agent.get("metadata") or {}).get("name")
+        if not node or not name:
+            continue
+        try:
+            reports[node] = containers(
+                agent_metrics(api, args.agent_namespace, name, args.agent_port)
+            )
+        except (KubeError, InputError) as error:  # one node's agent away: the others still count
+            reports[node] = f"agent {args.agent_namespace}/{name}: {error}"
+    return reports
+
+
+def cmd_top(args: argparse.Namespace, stdout: TextIO) -> int:
+    from webhook.cli.args import EXIT_OK, EXIT_REJECTED
+    from webhook.cluster import kube
+    from webhook.cluster.nodepods import list_pods
+    from webhook.report.top import as_json, as_table, build_top
+
+    api = kube.api_client(args.kubeconfig, args.context)
+    policy = _policy(api, args)
+    pods = list_pods(api, namespace=args.namespace)
+    top = build_top(pods, policy, _reports(api, args))
+    if args.output == "json":
+        json.dump(as_json(top), stdout, indent=2)
+        stdout.write("\n")
+    else:
+        stdout.write(as_table(top))
+    return EXIT_OK if top.clean else EXIT_REJECTED

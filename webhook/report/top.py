@@ -1,0 +1,191 @@
+"""``top`` for GPU memory: per node, per GPU, per pod, reserved, admitted and used.
+
+Reserved is what the GPU Share Scheduler Extender wrote at bind
+(``reserved``: ``ALIYUN_COM_GPU_MEM_IDX``/``ALIYUN_COM_GPU_MEM_POD``, in the
+policy's unit); the limit is what the webhook admitted (its status
+annotation, summed over the pod's containers); used is what the node
+agents report from the shim's regions now. Pure: the pods, the policy and
+each node's agent report in, rows out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.decision.policy import Policy
+from webhook.decision.quantities import UNIT_MIB
+from webhook.node.scraped import Used
+from webhook.node.usage import pod_of
+from webhook.report.reserved import FINISHED, INDEX, RESERVED, annotated
+
+
+@dataclass(frozen=True)
+class TopPod:
+    node: str
+    gpu: int | None  # None: bound without the extender's record
+    namespace: str
+    pod: str
+    reserved_bytes: int | None
+    limit_bytes: int | None  # None: the webhook recorded no limit (it never saw the pod)
+    used_bytes: int | None  # None: its node's agent was not reached, or reported no region
+    tampered: bool
+
+
+@dataclass(frozen=True)
+class TopGpu:
+    node: str
+    gpu: int | None
+    reserved_bytes: int
+    limit_bytes: int
+    used_bytes: int
+    pods: int
+
+
+@dataclass(frozen=True)
+class Top:
+    pods: tuple[TopPod, ...]
+    gpus: tuple[TopGpu, ...]
+    unreached: tuple[str, ...]  # nodes with GPU pods whose agent did not answer: why, per node
+
+    @property
+    def clean(self) -> bool:
+        return not self.unreached and not any(p.tampered for p in self.pods)
+
+
+def _bound_gpu_pod(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
+    spec, status, meta = obj.get("spec"), obj.get("status"), obj.get("metadata")
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if not node or phase in FINISHED or not isinstance(annotations, Mapping):
+        return None
+    return str(node), annotations
+
+
+def build_top(
+    objects: Iterable[Mapping[str, Any]],
+    policy: Policy,
+    reports: Mapping[str, list[Used] | str],
+) -> Top:
+    """``reports``: per node, what its agent reported, or why it could not be asked."""
+    unit = UNIT_MIB[policy.memory_unit] * 2**20
+    used: dict[tuple[str, str], int] = {}
+    tampered: set[tuple[str, str]] = set()
+    for found in reports.values():
+        for row in found if isinstance(found, list) else ():
+            used[row.namespace, row.pod] = used.get((row.namespace, row.pod), 0) + row.used_bytes
+            if row.tampered:
+                tampered.add((row.namespace, row.pod))
+    pods: list[TopPod] = []
+    for obj in objects:
+        bound = _bound_gpu_pod(obj)
+        pod = pod_of(obj)
+        if bound is None or pod is None:
+            continue
+        node, annotations = bound
+        gpu, reserved = annotated(annotations.get(INDEX)), annotated(annotations.get(RESERVED))
+        if reserved is None and not pod.admitted:
+            continue  # not a GPU pod as far as the extender or the webhook knows
+        key = (pod.namespace, pod.name)
+        pods.append(
+            TopPod(
+                node=node,
+                gpu=gpu,
+                namespace=pod.namespace,
+                pod=pod.name,
+                reserved_bytes=None if reserved is None else max(reserved, 0) * unit,
+                limit_bytes=sum(pod.admitted.values()) if pod.admitted else None,
+                used_bytes=used.get(key),
+                tampered=key in tampered,
+            )
+        )
+    pods.sort(key=lambda p: (p.node, -1 if p.gpu is None else p.gpu, p.namespace, p.pod))
+    nodes = {p.node for p in pods}
+    unreached = tuple(
+        f"{node}: {reports.get(node, 'no node agent runs there')}"
+        for node in sorted(nodes)
+        if not isinstance(reports.get(node), list)
+    )
+    return Top(tuple(pods), _gpus(pods), unreached)
+
+
+def _gpus(pods: list[TopPod]) -> tuple[TopGpu, ...]:
+    gpus: dict[tuple[str, int | None], list[TopPod]] = {}
+    for pod in pods:
+        gpus.setdefault((pod.node, pod.gpu), []).append(pod)
+    return tuple(
+        TopGpu(
+            node=node,
+            gpu=gpu,
+            reserved_bytes=sum(p.reserved_bytes or 0 for p in members),
+            limit_bytes=sum(p.limit_bytes or 0 for p in members),
+            used_bytes=sum(p.used_bytes or 0 for p in members),
+            pods=len(members),
+        )
+        for (node, gpu), members in gpus.items()
+    )
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value // 2**20}Mi"
+
+
+def as_table(top: Top) -> str:
+    header = ("NODE", "GPU", "NAMESPACE", "POD", "RESERVED", "LIMIT", "USED", "USED/LIMIT")
+    rows = [header]
+    for p in top.pods:
+        share = (
+            f"{100 * p.used_bytes // p.limit_bytes}%"
+            if p.used_bytes is not None and p.limit_bytes
+            else "-"
+        )
+        rows.append(
+            (
+                p.node,
+                "-" if p.gpu is None else str(p.gpu),
+                p.namespace,
+                p.pod + (" (tampered)" if p.tampered else ""),
+                _mib(p.reserved_bytes),
+                _mib(p.limit_bytes),
+                _mib(p.used_bytes),
+                share,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [
+        "   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+    lines += [f"not reached: {why}" for why in top.unreached]
+    return "\n".join(lines) + "\n"
+
+
+def as_json(top: Top) -> dict[str, Any]:
+    def pod(p: TopPod) -> dict[str, Any]:
+        return {
+            "node": p.node,
+            "gpu": p.gpu,
+            "namespace": p.namespace,
+            "pod": p.pod,
+            "reservedBytes": p.reserved_bytes,
+            "limitBytes": p.limit_bytes,
+            "usedBytes": p.used_bytes,
+            "tampered": p.tampered,
+        }
+
+    def gpu(g: TopGpu) -> dict[str, Any]:
+        return {
+            "node": g.node,
+            "gpu": g.gpu,
+            "reservedBytes": g.reserved_bytes,
+            "limitBytes": g.limit_bytes,
+            "usedBytes": g.used_bytes,
+            "pods": g.pods,
+        }
+
+    return {
+        "pods": [pod(p) for p in top.pods],
+        "gpus": [gpu(g) for g in top.gpus],
+        "unreached": list(top.unreached),
+    }
