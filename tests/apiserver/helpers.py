@@ -21,6 +21,8 @@ from tests.conftest import Server
 from tests.controlplane.cluster import ControlPlane
 from tests.helpers import container, eventually, pod
 
+SHIM_LABEL = "gpushare-webhook.io/shim"  # the node agent sets it where the shim is installed
+
 # What PodSecurity's "restricted" level asks of every container (the webhook's
 # own namespace warns and audits by it).
 RESTRICTED = {
@@ -123,16 +125,23 @@ def put_node(
     memory: int,
     count: int,
     labels: dict[str, str] | None = None,
+    shim: bool = True,
 ) -> None:
-    """Create (or update) a Node and report GPU capacity through its status, as a kubelet would."""
+    """Create (or update) a Node and report GPU capacity through its status, as a kubelet would.
+
+    ``shim``: the node carries the label the node agent sets once the shim is
+    installed, as every GPU node of the shipped manifests does; a GPU pod is
+    placed, and sized, only by such nodes when the policy requires the label.
+    """
     core = client.CoreV1Api(api)
-    metadata = {"name": name, "labels": labels or {}}
+    labels = {**(labels or {}), **({SHIM_LABEL: "0123456789ab"} if shim else {})}
+    metadata = {"name": name, "labels": labels}
     try:
         core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": metadata})
     except ApiException as error:
         if error.status != 409:
             raise
-        core.patch_node(name, {"metadata": {"labels": labels or {}}})
+        core.patch_node(name, {"metadata": {"labels": labels}})
     capacity = {"aliyun.com/gpu-mem": str(memory), "aliyun.com/gpu-count": str(count), "cpu": "8"}
     core.patch_node_status(name, {"status": {"capacity": capacity, "allocatable": capacity}})
 

@@ -93,3 +93,16 @@ def test_the_watch_resumes_after_the_api_server_restarts_past_it(watched: Instal
             os.kill(pid, signal.SIGCONT)
     eventually(lambda: fits(api, 94), timeout=60)
     assert watched.server.metrics()["gpushare_node_watch_connected"] == 1
+
+
+def test_a_gpu_node_without_the_shim_sizes_no_pod(watched: Installed) -> None:
+    """The shipped policy requires the shim's label: a node without it places, and sizes, nothing."""
+    api = watched.api
+    delete_nodes(api, seen_by=watched.server)  # the nodes the tests above left
+    try:
+        put_node(api, "bare-1", memory=160, count=2, shim=False)  # 80 GiB per GPU, no shim
+        put_node(api, "l4-1", memory=24, count=1)  # seen after the bare node: the watch is ordered
+        eventually(lambda: fits(api, 24))
+        assert not fits(api, 25)
+    finally:
+        delete_nodes(api, seen_by=watched.server)
