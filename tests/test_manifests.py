@@ -370,7 +370,8 @@ def test_rbac_is_least_privilege() -> None:
                 if set(rule["verbs"]) - {"create", "list", "watch"} and not _held_by_policy(doc):
                     assert rule.get("resourceNames"), rule
                 if set(rule["verbs"]) & {"list", "watch"}:
-                    assert rule["resources"] == ["nodes"], rule  # nothing secret is listed
+                    # Nothing secret is listed: nodes, or pods (the node agent names regions).
+                    assert rule["resources"] in (["nodes"], ["pods"]), rule
 
 
 def test_the_report_reads_and_never_writes() -> None:
@@ -577,12 +578,14 @@ def test_the_node_agent_runs_on_gpu_nodes_with_the_shim_directory_only() -> None
     assert policy.shim.require_node_label is True
     # The nodes the GPU-share device plugin runs on, and the watch's selector in the docs.
     assert spec["nodeSelector"] == {"gpushare": "true"}
-    (c,) = spec["containers"]
+    c, _metrics = spec["containers"]
+    assert c["name"] == "agent"
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host == {"shim": policy.shim.host_path}
+    assert host == {"shim": policy.shim.host_path, "pods": "/var/lib/kubelet/pods"}
+    assert {m["name"] for m in c["volumeMounts"]} == {"shim", "policy"}
     (mount,) = [m for m in c["volumeMounts"] if m["name"] == "shim"]
     assert mount["mountPath"] == "/host" + policy.shim.host_path
     assert "--host-root=/host" in c["args"]
@@ -592,4 +595,31 @@ def test_the_node_agent_runs_on_gpu_nodes_with_the_shim_directory_only() -> None
     source = next(a for a in c["args"] if a.startswith("--source="))
     assert re.search(rf"^COPY --from=\S+ \S+ {source.split('=', 1)[1]}$", dockerfile(), re.M)
     granted_agent = granted(list(render("default")), "gpushare-webhook-node-agent")
-    assert granted_agent == {("", "nodes", "get"), ("", "nodes", "patch")}
+    assert granted_agent == {("", "nodes", "get"), ("", "nodes", "patch"), ("", "pods", "list")}
+
+
+def test_the_node_agents_metrics_read_the_pods_directory_only_and_serve_what_top_reads() -> None:
+    """Its own container: the pods directory read-only, the port that top and Prometheus read."""
+    daemonset = find("default", "DaemonSet", "gpushare-webhook-node-agent")
+    spec = daemonset["spec"]["template"]["spec"]
+    (metrics,) = [c for c in spec["containers"] if c["name"] == "metrics"]
+    assert metrics["command"] == ["gpushare-webhook", "node", "metrics"]
+    (mount,) = metrics["volumeMounts"]
+    assert mount == {
+        "name": "pods",
+        "mountPath": "/var/lib/kubelet/pods",
+        "readOnly": True,
+        "mountPropagation": "HostToContainer",
+    }
+    assert f"--pods-dir={mount['mountPath']}" in metrics["args"]
+    assert metrics["securityContext"]["readOnlyRootFilesystem"] is True
+    assert metrics["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    (port,) = metrics["ports"]
+    top = build_parser().parse_args(["top"])
+    assert port["containerPort"] == top.agent_port
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    key, value = top.agent_selector.split("=")
+    assert labels[key] == value
+    assert daemonset["metadata"]["namespace"] == top.agent_namespace
+    netpol = find("default", "NetworkPolicy", "gpushare-webhook-node-agent")["spec"]
+    assert netpol["ingress"] == [{"ports": [{"port": port["containerPort"], "protocol": "TCP"}]}]

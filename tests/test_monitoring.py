@@ -5,8 +5,8 @@ rules`` and the unit tests of tests/monitoring/alerts_test.yaml (``promtool
 test rules``: each fires on the series that should fire it and not
 otherwise); promtool is built from Prometheus's Go module by the test run.
 Every query of the alerts and the Grafana dashboard names only metrics a
-running webhook exports (scraped from the real server), and every metric
-docs/operations.md lists is used by one of them.
+running webhook or node agent exports (scraped from the real server and
+agent), and every metric docs/operations.md lists is used by one of them.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from tests import gotools
 from tests.conftest import Server
 from tests.helpers import container, eventually, pod, unavailable
 from tests.test_chart import CHART, helm, template  # noqa: F401 - helm: a fixture
+from tests.test_node_metrics import Agent, plant_node
 
 ROOT = Path(__file__).parent.parent
 ALERTS = CHART / "files" / "alerts.yaml"
@@ -47,7 +48,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_alerts_are_valid_rules(promtool: str) -> None:
     done = run(promtool, "check", "rules", str(ALERTS))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 6 rules found" in done.stdout
+    assert "SUCCESS: 9 rules found" in done.stdout
 
 
 def test_each_alert_fires_when_it_should_and_only_then(promtool: str) -> None:
@@ -96,8 +97,21 @@ def exported(server: Server) -> set[str]:
     return names
 
 
-def test_every_query_names_only_metrics_the_webhook_exports(server: Server) -> None:
-    names = exported(server)
+def agent_exported(tmp: Path) -> set[str]:
+    """The metric names a node agent serves over a node with regions of every kind."""
+    pods_dir, pods = plant_node(tmp)
+    agent = Agent(tmp, "--pods-dir", str(pods_dir), "--pods-from", str(pods))
+    try:
+        text = agent.scrape()
+    finally:
+        agent.stop()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
+
+
+def test_every_query_names_only_metrics_the_webhook_or_agent_exports(
+    server: Server, tmp_path: Path
+) -> None:
+    names = exported(server) | agent_exported(tmp_path)
     unknown = {
         where: sorted(set(METRIC.findall(expr)) - names) for where, expr in queries().items()
     }
@@ -130,6 +144,8 @@ def test_the_dashboard_answers_an_operators_questions() -> None:
         "Node watch connected",
         "GPU memory admitted per namespace",
         "Certificate expires in",
+        "GPU memory used against limit, per container",
+        "Tampered regions",
     ):
         assert wanted in titles
     datasources = {p["datasource"]["uid"] for p in dashboard["panels"] if "datasource" in p}

@@ -66,8 +66,8 @@ class Agent:
         self.process.wait(timeout=10)
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> tuple[Path, Path]:
+def plant_node(tmp_path: Path) -> tuple[Path, Path]:
+    """A node's pods directory with regions of every kind, and its pods list: (dir, list)."""
     pods_dir, pods = tmp_path / "pods", tmp_path / "pods.json"
     pods_dir.mkdir()
     _pods(pods, ("u1", "train"), ("u2", "rogue"))
@@ -77,6 +77,11 @@ def node(tmp_path: Path) -> tuple[Path, Path]:
     plant(pods_dir, "u2", "old", region(Spec(minor=1)))
     plant(pods_dir, "u2", "cut", region(Spec())[:100])
     return pods_dir, pods
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> tuple[Path, Path]:
+    return plant_node(tmp_path)
 
 
 def _value(text: str, name: str, **labels: str) -> float:

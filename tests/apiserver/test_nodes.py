@@ -96,7 +96,7 @@ def test_the_watch_resumes_after_the_api_server_restarts_past_it(watched: Instal
 
 
 def test_a_gpu_node_without_the_shim_sizes_no_pod(watched: Installed) -> None:
-    """The shipped policy requires the shim's label: a node without it places, and sizes, nothing."""
+    """The shipped policy requires the shim's label: a node without it sizes no pod."""
     api = watched.api
     delete_nodes(api, seen_by=watched.server)  # the nodes the tests above left
     try:

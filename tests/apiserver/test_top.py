@@ -64,7 +64,7 @@ def _gpu_pod(installed: Installed, name: str, gpu: str, reserved: str) -> dict[s
 
 
 def _agent_pod(installed: Installed, address: str) -> None:
-    labels = {"app.kubernetes.io/name": "gpushare-webhook-node"}
+    labels = {"app.kubernetes.io/name": "gpushare-webhook-node-agent"}
     body = pod_manifest(
         "agent-top", gpu_container("agent", gpu=None, securityContext=RESTRICTED), labels=labels
     )

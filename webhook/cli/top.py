@@ -21,7 +21,7 @@ from webhook.serving.runtime import read_policy
 if TYPE_CHECKING:
     from webhook.node.scraped import Used
 
-AGENT_SELECTOR = "app.kubernetes.io/name=gpushare-webhook-node"
+AGENT_SELECTOR = "app.kubernetes.io/name=gpushare-webhook-node-agent"  # the DaemonSet's pods
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
