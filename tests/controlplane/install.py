@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client, config
 
 from tests.conftest import Server, free_port, start_server, stop_server
@@ -41,15 +42,32 @@ def webhook_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess
     )
 
 
-def render_manifests() -> str:
-    """``kubectl kustomize manifests``: what an operator applies."""
-    return subprocess.run(
+GUARD = "gpushare-webhook-guard"
+
+
+def render_manifests(*, guard: bool = False) -> str:
+    """``kubectl kustomize manifests``: what an operator applies.
+
+    Without ``guard``, less the guard's ValidatingAdmissionPolicy and its
+    bindings: the tier serves many policies (scheduler names, resource
+    names), and the guard holds pods to the one it was made from.
+    tests/apiserver/test_guard.py applies it for the policy being served.
+    """
+    text = subprocess.run(
         ["kubectl", "kustomize", str(ROOT / "manifests")],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     ).stdout
+    if guard:
+        return text
+    kept = [
+        doc
+        for doc in yaml.safe_load_all(text)
+        if doc and not doc["metadata"]["name"].startswith(GUARD)
+    ]
+    return yaml.safe_dump_all(kept)
 
 
 def service_account_kubeconfig(plane: ControlPlane, name: str, folder: Path) -> Path:

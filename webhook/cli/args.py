@@ -277,13 +277,24 @@ def _certs_command(sub: Commands) -> None:
 
 
 def _policy_command(sub: Commands) -> None:
-    """``policy check`` and ``policy show``."""
+    """``policy check``, ``policy show`` and ``policy guard``."""
     policy = sub.add_parser("policy", help="check or show a policy")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
     check = policy_sub.add_parser("check", help="validate a policy file offline")
     check.add_argument("file")
     show = policy_sub.add_parser("show", help="print the effective policy, defaults filled in")
     show.add_argument("file", nargs="?", help="policy file (default: built-in defaults)")
+    guard = policy_sub.add_parser(
+        "guard",
+        help="print the ValidatingAdmissionPolicy that refuses GPU pods the webhook did not set up",
+    )
+    guard.add_argument("file", nargs="?", help="policy file (default: built-in defaults)")
+    guard.add_argument(
+        "--namespace",
+        default="gpushare-system",
+        metavar="NS",
+        help="the webhook's namespace, never guarded (default: %(default)s)",
+    )
 
 
 def _cert_args(parser: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 import yaml
 
 from webhook.cli.args import EXIT_OK, EXIT_REJECTED
+from webhook.decision.guard import guard
 from webhook.decision.plan import WOULD_REFUSE
 from webhook.decision.policy import DEFAULT_POLICY, Policy, dump_policy
 from webhook.errors import InputError
@@ -114,5 +115,34 @@ def cmd_policy(args: argparse.Namespace) -> int:
         read_policy(Path(args.file))
         print(f"{args.file}: policy is valid")
         return EXIT_OK
+    if args.policy_command == "guard":
+        sys.stdout.write(dump_guard(guard(_policy(args.file), namespace=args.namespace)))
+        return EXIT_OK
     sys.stdout.write(dump_policy(_policy(args.file)))
     return EXIT_OK
+
+
+class _GuardDumper(yaml.SafeDumper):
+    """Long strings (the CEL expressions) folded, so a reviewer reads them."""
+
+
+def _folded(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = ">" if len(text) > 60 else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_GuardDumper.add_representer(str, _folded)
+
+GUARD_HEADER = """\
+# The guard (docs/security.md): a ValidatingAdmissionPolicy the API server runs
+# after every mutating webhook. It refuses a GPU-memory pod that lacks what
+# gpushare-webhook always sets, so a bypassed webhook cannot store an unconfined
+# pod. Made by `gpushare-webhook policy guard FILE` from the policy it guards:
+# make it again whenever the policy changes a key it reads (its params).
+"""
+
+
+def dump_guard(objects: list[dict[str, Any]]) -> str:
+    """The guard's objects as one YAML stream, with a header saying where it comes from."""
+    body = yaml.dump_all(objects, Dumper=_GuardDumper, sort_keys=False, width=96)
+    return GUARD_HEADER + body

@@ -1,0 +1,274 @@
+"""The guard against the real API server: it passes what the webhook sets up, refuses the rest.
+
+The guard (manifests/base/guard.yaml, ``gpushare-webhook policy guard``) is
+applied here for the policy the installed webhook serves, and removed after.
+Each way of bypassing the webhook is done for real: its configuration
+deleted, ``failurePolicy: Ignore`` with the webhook stopped, and a second
+webhook (a tiny one: no real webhook strips env on demand) that removes
+the shim's variables after ours, reinvoked after our reinvocation.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.apiserver.helpers import (
+    create_namespace,
+    delete_namespaces,
+    gpu_container,
+    pod_manifest,
+    refusal,
+    register_webhook,
+    tiny_webhook,
+    wait_for_service_account,
+)
+from tests.controlplane.install import GUARD, NS, Installed
+from tests.helpers import eventually
+from webhook import tls
+
+TEAM, OPTED_OUT, WARNED = "guard-team", "guard-opted-out", "guard-warned"
+GOLDEN = Path(__file__).parent.parent / "golden"
+GUARDED = "gpushare-webhook guard: "
+
+
+def _guard(installed: Installed, *extra: str) -> list[dict[str, Any]]:
+    """The guard for the policy the webhook serves (plus ``extra`` YAML lines), as applied."""
+    served = Path(installed.args[installed.args.index("--policy") + 1]).read_text()
+    policy = Path(installed.folder) / "guard-policy.yaml"
+    policy.write_text(served + "".join(line + "\n" for line in extra))
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook", "policy", "guard", str(policy)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def _apply(installed: Installed, objects: list[dict[str, Any]]) -> None:
+    installed.plane.kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=gpushare-tests",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump_all(objects),
+    )
+
+
+def _remove(installed: Installed) -> None:
+    for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+        names = installed.plane.kubectl("get", kind, "-o", "name").stdout.split()
+        for name in names:
+            if name.split("/", 1)[1].startswith(GUARD):
+                installed.plane.kubectl("delete", name, "--wait=true")
+
+
+def _dry_run(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> str | None:
+    """The API server's refusal of the pod's create (dry run: nothing stored), or None."""
+    try:
+        client.CoreV1Api(api).create_namespaced_pod(namespace, body, dry_run="All")
+    except ApiException as error:
+        return str(json.loads(error.body)["message"])
+    return None
+
+
+@pytest.fixture(scope="module")
+def guarded(installed: Installed, pki: tls.Issued) -> Iterator[Installed]:
+    try:
+        for namespace, labels in (
+            (TEAM, None),
+            (OPTED_OUT, {"gpushare-webhook.io/injection": "disabled"}),
+            (WARNED, None),
+        ):
+            create_namespace(installed.api, namespace, labels)
+            wait_for_service_account(installed.api, namespace)
+        _apply(installed, _guard(installed, "namespaces:", f"  {WARNED}: {{enforcement: warn}}"))
+        # The API server enforces a policy once its informer has it: wait until a
+        # pod stripped after the webhook is refused by it.
+        with stripping(installed, pki):
+            eventually(lambda: GUARDED in (_stripped(installed) or ""), timeout=30)
+        yield installed
+    finally:
+        _remove(installed)
+        delete_namespaces(installed.api, TEAM, OPTED_OUT, WARNED)
+
+
+def _strip(request: dict[str, Any]) -> dict[str, Any]:
+    """A webhook's answer that removes the first container's env, if it has one."""
+    answer: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+    if request["object"]["spec"]["containers"][0].get("env"):
+        patch = [{"op": "remove", "path": "/spec/containers/0/env"}]
+        answer["patchType"] = "JSONPatch"
+        answer["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    return answer
+
+
+@contextlib.contextmanager
+def stripping(installed: Installed, pki: tls.Issued) -> Iterator[None]:
+    """A webhook in TEAM that strips the env ours set: called after ours (configurations
+    run in name order), and again after ours is reinvoked, so its strip is what
+    reaches validation."""
+    with tiny_webhook(pki.cert, pki.key, _strip) as port:
+        register_webhook(
+            installed.plane,
+            "zz-strip-env",
+            port=port,
+            ca_pem=pki.ca.read_bytes(),
+            namespace=TEAM,
+            reinvocation="IfNeeded",
+        )
+        try:
+            yield
+        finally:
+            installed.plane.kubectl("delete", "mutatingwebhookconfiguration", "zz-strip-env")
+
+
+def _stripped(installed: Installed) -> str | None:
+    return _dry_run(installed.api, TEAM, pod_manifest("stripped", gpu_container()))
+
+
+def _goldens() -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for case in sorted(GOLDEN.iterdir()):
+        if not case.is_dir() or (case / "policy.yaml").exists():
+            continue
+        request = json.loads((case / "request.json").read_text())["request"]
+        if request.get("operation") != "CREATE" or request.get("kind", {}).get("kind") != "Pod":
+            continue
+        pod = request["object"]
+        pod["metadata"] = {**pod.get("metadata", {}), "name": case.name}
+        pod["metadata"].pop("namespace", None)
+        pod["metadata"].pop("generateName", None)
+        found.append((case.name, pod))
+    return found
+
+
+def test_every_golden_pod_the_webhook_admits_passes_the_guard(guarded: Installed) -> None:
+    admitted = 0
+    for name, pod in _goldens():
+        try:
+            message = _dry_run(guarded.api, TEAM, pod)
+        except pydantic.ValidationError:
+            continue  # a golden of a malformed pod: the client will not even send it
+        assert message is None or GUARDED not in message, (name, message)
+        admitted += message is None
+    assert admitted >= 10  # GPU pods among them, set up by the webhook and passed
+
+
+def _audited(installed: Installed) -> str:
+    """The guard's audit annotations on pod creates, one per line."""
+    found = []
+    for line in installed.plane.audit_log.read_text().splitlines():
+        event = json.loads(line)
+        value = event.get("annotations", {}).get(f"{GUARD}/refused")
+        if value and event.get("objectRef", {}).get("resource") == "pods":
+            found.append(value)
+    return "\n".join(found)
+
+
+def _config(installed: Installed) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(
+        installed.plane.kubectl(
+            "get", "mutatingwebhookconfiguration", "gpushare-webhook", "-o", "json"
+        ).stdout
+    )
+    for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
+        found["metadata"].pop(key, None)
+    return found
+
+
+def test_with_the_webhook_configuration_deleted_gpu_pods_are_refused_by_the_guard(
+    guarded: Installed,
+) -> None:
+    saved = _config(guarded)
+    guarded.plane.kubectl("delete", "mutatingwebhookconfiguration", "gpushare-webhook")
+    try:
+        message = refusal(
+            lambda: client.CoreV1Api(guarded.api).create_namespaced_pod(
+                TEAM, pod_manifest("bypassed", gpu_container(gpu="4")), dry_run="All"
+            )
+        )
+        assert GUARDED in message
+        assert "the pod lacks schedulerName default-scheduler" not in message  # the API's default
+        assert "the annotation gpushare-webhook.io/status" in message
+        assert "container 'main' lacks the shim mounted at /usr/local/vgpu" in message
+        assert "CUDA_DEVICE_MEMORY_LIMIT=4096m" in message
+        assert "check the MutatingWebhookConfiguration gpushare-webhook" in message
+        # What the webhook never touches, the guard never refuses.
+        for namespace in (OPTED_OUT, "kube-system", NS):
+            assert (
+                _dry_run(guarded.api, namespace, pod_manifest("skipped", gpu_container())) is None
+            )
+        assert _dry_run(guarded.api, TEAM, pod_manifest("cpu", gpu_container(gpu=None))) is None
+        # Where the webhook only warns, so does the guard: the pod is admitted, with it.
+        warned = guarded.plane.kubectl(
+            "create",
+            "--dry-run=server",
+            "-n",
+            WARNED,
+            "-f",
+            "-",
+            stdin=json.dumps(pod_manifest("warned", gpu_container())),
+            check=False,
+        )
+        assert warned.returncode == 0, warned.stderr
+        assert warned.stderr.startswith("Warning: "), warned.stderr
+        assert GUARDED in warned.stderr, warned.stderr
+    finally:
+        guarded.plane.kubectl("create", "-f", "-", stdin=json.dumps(saved))
+
+
+def test_with_failure_policy_ignore_and_the_webhook_down_the_guard_refuses(
+    guarded: Installed,
+) -> None:
+    plane = guarded.plane
+    patch = '[{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}]'
+    plane.kubectl(
+        "patch", "mutatingwebhookconfiguration", "gpushare-webhook", "--type=json", "-p", patch
+    )
+    guarded.stop_webhook()
+    try:
+        message = _dry_run(guarded.api, TEAM, pod_manifest("ignored", gpu_container(gpu="2")))
+        assert message is not None
+        assert GUARDED in message, message
+        assert "CUDA_DEVICE_MEMORY_LIMIT=2048m" in message
+        # No metric from inside the API server, but its audit log names the guard.
+        eventually(lambda: "CUDA_DEVICE_MEMORY_LIMIT=2048m" in _audited(guarded), timeout=15)
+    finally:
+        guarded.start_webhook()
+        plane.kubectl(
+            "patch",
+            "mutatingwebhookconfiguration",
+            "gpushare-webhook",
+            "--type=json",
+            "-p",
+            patch.replace("Ignore", "Fail"),
+        )
+
+
+def test_a_later_webhook_that_strips_the_shims_env_is_caught(
+    guarded: Installed, pki: tls.Issued
+) -> None:
+    with stripping(guarded, pki):
+        message = _stripped(guarded)
+    assert message is not None
+    assert GUARDED in message, message
+    assert "container 'main' lacks the shim first in LD_PRELOAD" in message
+    assert "CUDA_DEVICE_MEMORY_LIMIT=4096m" in message
+    assert "the pod lacks" not in message  # the volumes and the annotation stayed

@@ -1,0 +1,183 @@
+"""The guard's objects: one generator, and every shipped copy equal to what it makes.
+
+The guard's behaviour (what it passes and refuses) is tested against the
+real API server in tests/apiserver/test_guard.py; here, that the kustomize
+file, the chart and ``policy guard`` are the same objects for the same
+policy, and that its bindings follow the policy's enforcement.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.test_chart import CHART, NAMESPACE, helm, template  # noqa: F401 - helm: a fixture
+from webhook.cli.offline import dump_guard
+from webhook.decision.guard import LOGIC, MATCH, bindings, guard
+from webhook.decision.policy import parse_policy_text
+
+ROOT = Path(__file__).parent.parent
+UPDATE = os.environ.get("GOLDEN_UPDATE") == "1"
+SHIPPED = ROOT / "manifests" / "base"
+CHART_LOGIC = CHART / "files" / "guard.yaml"
+
+
+def shipped_policy() -> str:
+    config_map = yaml.safe_load((SHIPPED / "policy.yaml").read_text())
+    return str(config_map["data"]["policy.yaml"])
+
+
+def test_the_shipped_guard_is_made_from_the_shipped_policy(tmp_path: Path) -> None:
+    (tmp_path / "policy.yaml").write_text(shipped_policy())
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook", "policy", "guard", str(tmp_path / "policy.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    if UPDATE:
+        (SHIPPED / "guard.yaml").write_text(done.stdout)
+    assert (SHIPPED / "guard.yaml").read_text() == done.stdout, "GOLDEN_UPDATE=1 rewrites it"
+
+
+def test_the_charts_expressions_are_the_generators() -> None:
+    text = CHART_LOGIC.read_text()
+    made = {"match": MATCH, "variables": [{"name": n, "expression": e} for n, e in LOGIC]}
+    if UPDATE:
+        header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+        CHART_LOGIC.write_text(header + dump_guard([made]).split("\n", 5)[-1])
+        text = CHART_LOGIC.read_text()
+    assert yaml.safe_load(text) == made, "GOLDEN_UPDATE=1 rewrites it"
+
+
+CHART_POLICIES = {
+    "defaults": {},
+    "ack-per-device-mib": {
+        "scheduler": "ack",
+        "memoryUnit": "MiB",
+        "resourceName": "example.com/vram",
+        "shim": {"mountPath": "/opt/vgpu/", "library": "libcap.so", "ldSoPreload": True},
+        "multiGpu": {"countFrom": "resource", "memory": "perDevice"},
+        "compute": {"default": "proportional"},
+        "excludeNamespaces": ["monitoring"],
+    },
+    "warn-with-an-enforced-namespace": {
+        "enforcement": "warn",
+        "namespaces": {"prod": {"enforcement": "enforce"}, "lab": {"enforcement": "warn"}},
+        "shim": {"overrideFile": ""},
+    },
+    "enforce-with-warned-namespaces": {
+        "namespaces": {"b-team": {"enforcement": "warn"}, "a-team": {"enforcement": "warn"}},
+    },
+}
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and key in out else value
+    return out
+
+
+@pytest.mark.parametrize("name", CHART_POLICIES)
+def test_the_chart_makes_the_generators_guard(
+    helm: str,  # noqa: F811
+    tmp_path: Path,
+    name: str,
+) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    policy = _merged(values["policy"], CHART_POLICIES[name])
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump({"policy": policy}))
+    docs = template(
+        helm, "-f", str(tmp_path / "values.yaml"), "--show-only", "templates/guard.yaml"
+    )
+    for doc in docs:
+        doc["metadata"].pop("labels")
+    made = guard(
+        parse_policy_text(yaml.safe_dump(policy)),
+        namespace=NAMESPACE,
+        also_excluded=values["webhook"]["excludeNamespaces"],
+    )
+    assert docs == made
+
+
+def test_the_chart_can_leave_the_guard_out(helm: str) -> None:  # noqa: F811
+    kinds = {d["kind"] for d in template(helm, "--set", "guard.enabled=false")}
+    assert "ValidatingAdmissionPolicy" in kinds  # the node agent's stays
+    names = {d["metadata"]["name"] for d in template(helm, "--set", "guard.enabled=false")}
+    assert not {n for n in names if n.endswith(("-guard", "-guard-warn"))}
+
+
+BINDINGS = {
+    # policy text: {binding: (actions, operator, namespaces)}
+    "enforcement: enforce\n": {"gpushare-webhook-guard": (["Deny"], None, None)},
+    "enforcement: warn\n": {"gpushare-webhook-guard-warn": (["Warn", "Audit"], None, None)},
+    "namespaces: {lab: {enforcement: warn}}\n": {
+        "gpushare-webhook-guard": (["Deny"], "NotIn", ["lab"]),
+        "gpushare-webhook-guard-warn": (["Warn", "Audit"], "In", ["lab"]),
+    },
+    "enforcement: warn\nnamespaces: {prod: {enforcement: enforce}}\n": {
+        "gpushare-webhook-guard-warn": (["Warn", "Audit"], "NotIn", ["prod"]),
+        "gpushare-webhook-guard": (["Deny"], "In", ["prod"]),
+    },
+}
+
+
+@pytest.mark.parametrize(("text", "expected"), BINDINGS.items(), ids=list(BINDINGS))
+def test_the_guard_denies_where_the_webhook_refuses_and_warns_where_it_warns(
+    text: str, expected: dict[str, tuple[list[str], str | None, list[str] | None]]
+) -> None:
+    found = {}
+    for binding in bindings(parse_policy_text(text), webhook="gpushare-webhook"):
+        spec = binding["spec"]
+        assert spec["policyName"] == "gpushare-webhook-guard"
+        selector = spec.get("matchResources", {}).get("namespaceSelector", {})
+        (expression,) = selector.get("matchExpressions", [{}])
+        found[binding["metadata"]["name"]] = (
+            spec["validationActions"],
+            expression.get("operator"),
+            expression.get("values"),
+        )
+    assert found == expected
+
+
+def test_the_guard_skips_what_the_webhook_skips() -> None:
+    (policy, *_) = guard(parse_policy_text("excludeNamespaces: [kube-system, batch]\n"))
+    selector = policy["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"]
+    assert selector == [
+        {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "NotIn",
+            "values": ["batch", "gpushare-system", "kube-system"],
+        },
+        {"key": "gpushare-webhook.io/injection", "operator": "NotIn", "values": ["disabled"]},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["/nonexistent.yaml"], "/nonexistent.yaml"),
+        (["--namespace"], "expected one argument"),
+    ],
+)
+def test_policy_guard_with_bad_input_says_one_line(args: list[str], message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook", "policy", "guard", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert message in done.stderr
