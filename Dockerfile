@@ -10,7 +10,7 @@ RUN python -m venv /opt/venv \
     && /opt/venv/bin/python -m compileall -q /opt/venv
 
 # The shim: HAMi-core's libvgpu.so, built from its source at a pinned commit (its
-# repository carries no licence file: see the README). The source and CMake come
+# repository carries no licence file: see docs/node-agent.md). The source and CMake come
 # through Python, pinned (the commit names the source's bytes; pip pins CMake);
 # the library is built on NVIDIA's CUDA devel image, as HAMi-core's own build does.
 FROM python:3.11.11-slim-bookworm AS shim-source

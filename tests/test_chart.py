@@ -9,7 +9,7 @@ the objects ``kubectl kustomize manifests`` makes, object by object; the
 only differences allowed are Helm's own labels, the name suffix of the
 certificate Job, the Namespace (Helm's ``--create-namespace``), how the
 policy's YAML is written and the CEL's line breaks. The policy part of
-values.schema.json is made from the policy's key table, and the README's
+values.schema.json is made from the policy's key table, and docs/deploy.md's
 values reference from values.schema.json: a test holds each equal.
 """
 
@@ -212,7 +212,7 @@ def test_the_match_condition_follows_the_policy_names(helm: str) -> None:
 
 
 def values_reference() -> str:
-    """The README's values table, made from values.schema.json (policy: its own reference)."""
+    """docs/deploy.md's values table, made from values.schema.json (policy: its own reference)."""
     schema = json.loads((CHART / "values.schema.json").read_text())
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
     rows = ["| value | default | what |", "|---|---|---|"]
@@ -232,15 +232,15 @@ def values_reference() -> str:
     return "\n".join(rows) + "\n"
 
 
-def test_the_readme_values_reference_is_made_from_the_schema() -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+def test_the_values_reference_is_made_from_the_schema() -> None:
+    reference = ROOT / "docs/deploy.md"
+    text = reference.read_text()
     start = text.index("<!-- values reference: made from values.schema.json -->\n")
     start += len("<!-- values reference: made from values.schema.json -->\n")
     end = text.index("<!-- end of values reference -->", start)
     made = values_reference()
     if UPDATE:
-        readme.write_text(text[:start] + made + text[end:])
+        reference.write_text(text[:start] + made + text[end:])
     assert text[start:end] == made, "GOLDEN_UPDATE=1 rewrites it"
 
 

@@ -390,9 +390,9 @@ def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, An
     return found or {prefix.strip(): parser}
 
 
-def test_the_readme_command_summary_lists_every_option() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    summary = readme.split("## Command line", 1)[1].split("```", 2)[1]
+def test_the_command_summary_lists_every_option() -> None:
+    reference = (Path(__file__).parent.parent / "docs/cli.md").read_text()
+    summary = reference.split("# Command line", 1)[1].split("```", 2)[1]
     for command, parser in _commands(build_parser()).items():
         # The command's own lines: from its name to the next command's.
         lines = summary.split(f"gpushare-webhook {command}", 1)[1].split("gpushare-webhook ", 1)[0]
@@ -405,7 +405,7 @@ def test_the_readme_command_summary_lists_every_option() -> None:
             else:  # a positional, shown by its metavar or name in capitals
                 named = action.metavar or action.dest.upper()
                 shown = named in lines
-            assert shown, f"README's command summary lacks {named} of {command}"
+            assert shown, f"docs/cli.md's command summary lacks {named} of {command}"
 
 
 @pytest.mark.parametrize(

@@ -90,12 +90,12 @@ def test_parse_policy_none_is_defaults() -> None:
     assert parse_policy(None) is DEFAULT_POLICY
 
 
-def test_the_readme_reference_is_policy_show() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Policy reference") :]
+def test_the_policy_reference_is_policy_show() -> None:
+    reference = (Path(__file__).parent.parent / "docs/policy.md").read_text()
+    section = reference[reference.index("# Policy reference") :]
     block = section[section.index("```yaml\n") + len("```yaml\n") :]
     assert block[: block.index("```")] == dump_policy(DEFAULT_POLICY), (
-        "README.md's policy reference differs from `gpushare-webhook policy show`: "
+        "docs/policy.md's reference differs from `gpushare-webhook policy show`: "
         "paste its output into the block"
     )
 

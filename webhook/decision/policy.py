@@ -5,7 +5,7 @@ Each key is declared once, on the field of the frozen dataclass that holds
 it: its YAML name, its check and a line of documentation (``setting``,
 ``section`` and ``by_name`` of ``webhook.decision.keys``). Parsing, the
 defaults, the unknown-key message and ``policy show`` (the YAML the
-README's reference is) are all read from those declarations. It never
+docs/policy.md's reference is) are all read from those declarations. It never
 reads files: the caller hands it text, so the same code checks a policy
 offline, at start-up and on a live reload.
 """

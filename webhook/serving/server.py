@@ -23,7 +23,7 @@ from webhook.serving.worker import DEFAULT_READ_TIMEOUT, bounded_socket_class, b
 
 # gthread with SO_REUSEPORT: keep-alive connections from the apiserver are
 # spread over the workers by the kernel instead of piling onto one; requests
-# are read whole before a thread sees them (see bench/ and README).
+# are read whole before a thread sees them (see bench/ and docs/design.md).
 DEFAULT_WORKER_CLASS = "buffering"  # or gunicorn's own "gthread" and "sync", to compare
 DEFAULT_WORKERS = 2
 DEFAULT_THREADS = 4
