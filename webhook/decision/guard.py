@@ -104,7 +104,12 @@ _WANT = (
     + _ask("variables.resource").replace("c.", "w.c.")
     + " * variables.mibPerUnit / (variables.perDevice ? 1 : w.gpus)) + 'm')})"
 )
-_DEVICE_LIMITS = f"{ENV}.filter(e, e.name.matches('^' + variables.memoryLimit + '_[0-9]+$'))"
+# NB: a constant pattern, which the API server compiles once with the policy; one
+# made from the variable's name would be compiled again for every entry of every pod.
+_DEVICE_LIMITS = (
+    f"{ENV}.filter(e, e.name.startsWith(variables.memoryLimit + '_') && "
+    "e.name.substring(size(variables.memoryLimit) + 1).matches('^[0-9]+$'))"
+)
 _PRELOAD_FIRST = (
     "e.value == variables.preload || e.value.startsWith(variables.preload + ':') || "
     "e.value.startsWith(variables.preload + ' ')"
