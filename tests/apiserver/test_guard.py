@@ -272,3 +272,83 @@ def test_a_later_webhook_that_strips_the_shims_env_is_caught(
     assert "container 'main' lacks the shim first in LD_PRELOAD" in message
     assert "CUDA_DEVICE_MEMORY_LIMIT=4096m" in message
     assert "the pod lacks" not in message  # the volumes and the annotation stayed
+
+
+VARIANTS = {
+    # policy: (pod labels, container resources, what the raw pod's refusal names)
+    "scheduler: ack\n": (
+        {"aliyun.com/gpu-count": "2"},
+        {"aliyun.com/gpu-mem": "8"},
+        "CUDA_DEVICE_MEMORY_LIMIT_0.._1=4096m",
+    ),
+    "scheduler: ack\nmemoryUnit: MiB\nmultiGpu: {countFrom: resource, memory: perDevice}\n"
+    "compute: {default: proportional}\nshim: {ldSoPreload: true, overrideFile: ''}\n": (
+        {},
+        {"aliyun.com/gpu-mem": "3000", "aliyun.com/gpu-count": "3"},
+        "CUDA_DEVICE_MEMORY_LIMIT_0.._2=3000m",
+    ),
+}
+
+
+@pytest.mark.parametrize("policy", VARIANTS, ids=["ack-label-total", "ack-resource-per-device"])
+def test_the_guard_reads_each_policys_set_up(
+    guarded: Installed, tmp_path: Path, policy: str
+) -> None:
+    """Pods the webhook sets up under another policy (offline, by ``mutate``) pass that
+    policy's guard; the same pods as written are refused, with that policy's limits.
+
+    The guard is bound here to a namespace the installed webhook skips, with its
+    opt-out left off the guard's own selector, so the pods reach it as written.
+    """
+    labels, resources, named = VARIANTS[policy]
+    (tmp_path / "policy.yaml").write_text(policy)
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook", "policy", "guard", str(tmp_path / "policy.yaml")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    variant, *binding = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    name = f"{GUARD}-variant-{len(policy)}"  # its own name: the last one may linger a moment
+    variant["metadata"]["name"] = name
+    variant["spec"]["matchConstraints"]["namespaceSelector"] = {
+        "matchLabels": {"kubernetes.io/metadata.name": OPTED_OUT}
+    }
+    binding = [{**binding[0], "metadata": {"name": name}}]
+    binding[0]["spec"] = {"policyName": name, "validationActions": ["Deny"]}
+    body = pod_manifest(
+        "variant", {"name": "main", "image": "cuda", "resources": {"limits": resources}}
+    )
+    body["metadata"]["labels"] = labels
+    body["spec"]["initContainers"] = [
+        {"name": "warm", "image": "cuda", "resources": {"limits": dict(resources)}}
+    ]
+    (tmp_path / "pod.json").write_text(json.dumps(body))
+    mutated = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook",
+            "mutate",
+            str(tmp_path / "pod.json"),
+            "--policy",
+            str(tmp_path / "policy.yaml"),
+            "--output",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    _apply(guarded, [variant, *binding])
+    try:
+        eventually(lambda: named in (_dry_run(guarded.api, OPTED_OUT, body) or ""), timeout=30)
+        message = _dry_run(guarded.api, OPTED_OUT, body) or ""
+        assert "container 'warm' lacks" in message  # init containers are held too
+        assert _dry_run(guarded.api, OPTED_OUT, json.loads(mutated.stdout)) is None
+    finally:
+        guarded.plane.kubectl(
+            "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name
+        )

@@ -61,6 +61,11 @@ def params(policy: Policy) -> list[tuple[str, str | bool | int]]:
     ]
 
 
+# NB: what follows, to the end of LOGIC, runs once, at import: mutmut switches a
+# mutant on per test, after import, so no mutant here could ever run. The text
+# it makes is pinned instead by tests/test_guard.py (the chart's copy of the
+# expressions, and the real API server's verdicts in tests/apiserver).
+# pragma: no mutate start
 # A container's ask of a resource, from its limits (or its requests, as the webhook reads it).
 def _asks(resource: str, c: str = "c") -> str:
     return (
@@ -76,13 +81,16 @@ def _ask(resource: str) -> str:
     )
 
 
-ENV = "(has(w.c.env) ? w.c.env : [])"
+def _pinned(name: str, holds: str) -> str:
+    """The variable is set, and every entry of it ``holds`` (a condition on ``e.value``).
 
-
-def _pinned(name: str, value: str) -> str:
-    """The variable is set, and every entry of it holds ``value``, as a plain value."""
-    entries = f"{ENV}.filter(e, e.name == {name})"
-    return f"size({entries}) > 0 && {entries}.all(e, has(e.value) && e.value == {value})"
+    NB: exists and all over the env, not a filtered list: no list is made for
+    a pod that passes, which is every pod the webhook set up.
+    """
+    return (
+        f"has(w.c.env) && w.c.env.exists(e, e.name == {name}) && "
+        f"w.c.env.all(e, e.name != {name} || (has(e.value) && ({holds})))"
+    )
 
 
 def _mounted(volume: str, path: str) -> str:
@@ -106,9 +114,9 @@ _WANT = (
 )
 # NB: a constant pattern, which the API server compiles once with the policy; one
 # made from the variable's name would be compiled again for every entry of every pod.
-_DEVICE_LIMITS = (
-    f"{ENV}.filter(e, e.name.startsWith(variables.memoryLimit + '_') && "
-    "e.name.substring(size(variables.memoryLimit) + 1).matches('^[0-9]+$'))"
+_DEVICE = (
+    "e.name.startsWith(variables.memoryLimit + '_') && "
+    "e.name.substring(size(variables.memoryLimit) + 1).matches('^[0-9]+$')"
 )
 _PRELOAD_FIRST = (
     "e.value == variables.preload || e.value.startsWith(variables.preload + ':') || "
@@ -132,25 +140,27 @@ _PIECES = [
         _mounted(ACCOUNTING_VOLUME, _literal(contract.REGION_DIR)),
         f"'the accounting volume at {contract.REGION_DIR}'",
     ),
+    (_pinned(_literal(PRELOAD), _PRELOAD_FIRST), "'the shim first in LD_PRELOAD'"),
     (
-        f"size({ENV}.filter(e, e.name == {_literal(PRELOAD)})) > 0 && "
-        f"{ENV}.filter(e, e.name == {_literal(PRELOAD)}).all(e, has(e.value) && "
-        f"({_PRELOAD_FIRST}))",
-        "'the shim first in LD_PRELOAD'",
+        _pinned("variables.memoryLimit", "e.value == w.mib"),
+        "variables.memoryLimit + '=' + w.mib",
     ),
-    (_pinned("variables.memoryLimit", "w.mib"), "variables.memoryLimit + '=' + w.mib"),
     (
-        f"size({_DEVICE_LIMITS}) >= w.gpus && "
-        f"{_DEVICE_LIMITS}.all(e, has(e.value) && e.value == w.mib)",
+        f"has(w.c.env) && w.c.env.all(e, !({_DEVICE}) || (has(e.value) && e.value == w.mib)) && "
+        "(w.gpus == 1 ? w.c.env.exists(e, e.name == variables.memoryLimit + '_0') : "
+        f"size(w.c.env.filter(e, {_DEVICE})) >= w.gpus)",
         "variables.memoryLimit + '_0' + (w.gpus > 1 ? '.._' + string(w.gpus - 1) : '') + "
         "'=' + w.mib",
     ),
     (
         f"!(variables.computeAlways || {_asks('variables.computeResource', 'w.c')}) || "
-        f"{ENV}.exists(e, e.name == variables.smLimit)",
+        "(has(w.c.env) && w.c.env.exists(e, e.name == variables.smLimit))",
         "variables.smLimit",
     ),
-    (_pinned(_literal(contract.REGION), _REGION), f"'{contract.REGION}=' + {_REGION}"),
+    (
+        _pinned(_literal(contract.REGION), f"e.value == {_REGION}"),
+        f"'{contract.REGION}=' + {_REGION}",
+    ),
 ]
 
 LOGIC: list[tuple[str, str]] = [
@@ -200,6 +210,9 @@ LOGIC: list[tuple[str, str]] = [
         ": []) + variables.lacks",
     ),
 ]
+
+
+# pragma: no mutate end
 
 
 # The pods the guard reads at all: a container asks the policy's resource.
