@@ -370,7 +370,7 @@ def test_rbac_is_least_privilege() -> None:
                 if set(rule["verbs"]) - {"create", "list", "watch"} and not _held_by_policy(doc):
                     assert rule.get("resourceNames"), rule
                 if set(rule["verbs"]) & {"list", "watch"}:
-                    # Nothing secret is listed: nodes, or pods (the node agent names regions).
+                    # Nothing secret is listed: nodes, pods (the node agent names regions).
                     assert rule["resources"] in (["nodes"], ["pods"]), rule
 
 
@@ -380,6 +380,7 @@ def test_the_report_reads_and_never_writes() -> None:
     assert granted(docs, "gpushare-webhook-report") == {
         ("", "pods", "list"),
         ("", "nodes", "list"),
+        ("", "events", "list"),
         ("", "configmaps", "get"),
         *(("apps", kind, "list") for kind in ("deployments", "statefulsets", "daemonsets")),
         ("apps", "replicasets", "list"),

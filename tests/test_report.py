@@ -98,7 +98,7 @@ def test_the_json_has_its_documented_shape() -> None:
     found = json.loads(out)
     assert list(found) == [
         "apiVersion", "kind", "unit", "clean", "summary", "pods", "workloads", "nodes",
-        "unanswered", "notes",
+        "unanswered", "refusedByGuard", "notes",
     ]  # fmt: skip
     assert (found["apiVersion"], found["kind"], found["clean"]) == (
         "gpushare-webhook.io/v1",
@@ -119,9 +119,21 @@ def test_the_json_has_its_documented_shape() -> None:
     }  # fmt: skip
     assert set(found["nodes"][0]["devices"][0]) == {"index", "total", "used", "free", "pods"}
     assert set(found["unanswered"][0]) == {"schedulerName", "pods", "message"}
+    (refused,) = found["refusedByGuard"]  # the latest of its two; not the quota's, not a success
+    assert refused == {
+        "namespace": "ml",
+        "kind": "ReplicaSet",
+        "name": "infer-7d4b9",
+        "count": 14,
+        "lastSeen": "2026-12-01T10:00:00Z",
+        "message": refused["message"],
+    }
+    assert refused["message"].startswith("gpushare-webhook guard: the pod lacks")
+    assert "CUDA_DEVICE_MEMORY_LIMIT=4096m" in refused["message"]
     readme = (Path(__file__).parent.parent / "docs" / "report.md").read_text()
     keys = ("gpuMemory", "withoutLimit", "memoryPerGpu", "would-be-refused", "clean", "used")
-    for key in (*keys, "unaccounted", "devices", "unanswered", "schedulerName", "reserved"):
+    for key in (*keys, "unaccounted", "devices", "unanswered", "schedulerName", "reserved",
+                "refusedByGuard", "lastSeen"):  # fmt: skip
         assert f"`{key}`" in readme, key
 
 

@@ -35,7 +35,7 @@ from tests.apiserver.helpers import (
     tiny_webhook,
     wait_for_service_account,
 )
-from tests.controlplane.install import GUARD, NS, Installed
+from tests.controlplane.install import GUARD, NS, ROOT, Installed, service_account_kubeconfig
 from tests.helpers import eventually
 from webhook import tls
 
@@ -352,3 +352,71 @@ def test_the_guard_reads_each_policys_set_up(
         guarded.plane.kubectl(
             "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name
         )
+
+
+def test_the_report_names_a_controller_whose_pods_the_guard_refused(
+    guarded: Installed, tmp_path: Path
+) -> None:
+    """A Deployment made while the webhook is bypassed: its ReplicaSet's creates are refused,
+    the events say so, and the report, as its own ServiceAccount, names the ReplicaSet."""
+    plane = guarded.plane
+    rendered = plane.kubectl("kustomize", str(ROOT / "manifests/overlays/report")).stdout
+    rbac = [
+        doc
+        for doc in yaml.safe_load_all(rendered)
+        if doc and "report" in doc["metadata"]["name"] and doc["kind"] != "CronJob"
+    ]
+    plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(rbac))
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "bypassed", "namespace": TEAM},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "bypassed"}},
+            "template": {
+                "metadata": {"labels": {"app": "bypassed"}},
+                "spec": {"containers": [gpu_container()]},
+            },
+        },
+    }
+    saved = _config(guarded)
+    plane.kubectl("delete", "mutatingwebhookconfiguration", "gpushare-webhook")
+    try:
+        plane.kubectl("apply", "-f", "-", stdin=json.dumps(deployment))
+
+        def refused() -> list[str]:
+            events = client.CoreV1Api(guarded.api).list_namespaced_event(
+                TEAM, field_selector="reason=FailedCreate"
+            )
+            return [e.message for e in events.items if GUARDED in (e.message or "")]
+
+        eventually(refused, timeout=60)
+    finally:
+        plane.kubectl("delete", "deployment", "bypassed", "-n", TEAM, "--wait=true")
+        plane.kubectl("create", "-f", "-", stdin=json.dumps(saved))
+    kubeconfig = service_account_kubeconfig(plane, "gpushare-webhook-report", tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook",
+            "report",
+            "-o",
+            "json",
+            "-n",
+            TEAM,
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    (found,) = json.loads(done.stdout)["refusedByGuard"]
+    assert (found["namespace"], found["kind"]) == (TEAM, "ReplicaSet")
+    assert found["name"].startswith("bypassed-")
+    assert found["message"].startswith(GUARDED)
+    assert "container 'main' lacks the shim mounted at /usr/local/vgpu" in found["message"]

@@ -1,12 +1,13 @@
 """Reading what ``gpushare-webhook report`` judges from the cluster: read-only lists.
 
-Owns listing pods, nodes and the workload kinds (all namespaces, or one),
+Owns listing pods, nodes, the workload kinds and the FailedCreate events
+(all namespaces, or one),
 page by page, as the plain JSON the API sends (the items of a list carry no
 kind, so each is given its list's), and reading the policy's ConfigMap.
 It needs ``list`` on those kinds and ``get`` on that ConfigMap, nothing more
 (manifests/components/report holds that RBAC). A denied list names the
-permission; Nodes that may not be read leave the per-node part out, with a
-note, rather than failing the report.
+permission; Nodes or events that may not be read leave their part out,
+with a note, rather than failing the report.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ KINDS = (
     ("batch/v1", "Job", "jobs"),
     ("batch/v1", "CronJob", "cronjobs"),
 )
+EVENTS = ("v1", "Event", "events")
+FAILED_CREATE = "reason=FailedCreate"  # a controller's refused pod create
 RBAC = "the ClusterRole in manifests/components/report"
 PAGE = 500  # items per list call: a large cluster is read in pages, not in one answer
 TIMEOUT = 60.0
@@ -40,11 +43,15 @@ def _path(api_version: str, resource: str, namespace: str = "") -> str:
     return f"{root}/namespaces/{namespace}/{resource}" if namespace else f"{root}/{resource}"
 
 
-def _list(api: client.ApiClient, api_version: str, kind: str, path: str) -> list[Any]:
+def _list(
+    api: client.ApiClient, api_version: str, kind: str, path: str, selector: str = ""
+) -> list[Any]:
     items: list[Any] = []
     cursor = ""
     while True:
         query = {"limit": str(PAGE), "continue": cursor}
+        if selector:
+            query["fieldSelector"] = selector
         page = json.loads(kube.get_json(api, path, query, timeout=TIMEOUT).read())
         for item in page.get("items") or ():
             items.append({"apiVersion": api_version, "kind": kind, **item})
@@ -59,22 +66,36 @@ def read_objects(api: client.ApiClient, *, namespace: str = "") -> tuple[list[An
     where = f"in namespace {namespace}" if namespace else "in all namespaces"
     for kind in KINDS:
         objects += _read(api, kind, namespace, f"{kind[2]} {where}")
+    notes = []
     try:
         objects += _read(api, ("v1", "Node", "nodes"), "", "nodes")
     except KubeError as error:
         if not str(error).startswith("forbidden"):
             raise
         note = "nodes could not be read (forbidden to list nodes): no per-node part, and GPU "
-        return objects, [note + "sizes come from the policy's gpuMemory"]
-    return objects, []
+        notes.append(note + "sizes come from the policy's gpuMemory")
+    try:  # the controllers' refused creates: what the guard refused (webhook.report.refused)
+        objects += _read(api, EVENTS, namespace, f"events {where}", selector=FAILED_CREATE)
+    except KubeError as error:
+        if not str(error).startswith("forbidden"):
+            raise
+        notes.append("events could not be read (forbidden to list events): no guard refusals")
+    return objects, notes
 
 
 def _read(
-    api: client.ApiClient, kind: tuple[str, str, str], namespace: str, what: str
+    api: client.ApiClient,
+    kind: tuple[str, str, str],
+    namespace: str,
+    what: str,
+    *,
+    selector: str = "",
 ) -> list[Any]:
     api_version, name, resource = kind
     path = _path(api_version, resource, namespace)
-    return kube.call(what, "list", resource, lambda: _list(api, api_version, name, path), rbac=RBAC)
+    return kube.call(
+        what, "list", resource, lambda: _list(api, api_version, name, path, selector), rbac=RBAC
+    )
 
 
 def read_policy_text(api: client.ApiClient, namespace: str, name: str) -> str | None:

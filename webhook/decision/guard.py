@@ -29,6 +29,7 @@ from webhook.decision.layout import (
 )
 from webhook.decision.policy import LD_SO_PRELOAD, Policy
 
+MESSAGE_PREFIX = "gpushare-webhook guard: "  # how every refusal begins, for whoever reads them
 # Namespaces whose labels opt them out of the webhook (its configuration's selector).
 OPT_OUT = {"key": "gpushare-webhook.io/injection", "operator": "NotIn", "values": ["disabled"]}
 
@@ -277,7 +278,7 @@ def validating_policy(
             "validations": [
                 {
                     "expression": "size(variables.problems) == 0",
-                    "messageExpression": "'gpushare-webhook guard: ' + "
+                    "messageExpression": f"{_literal(MESSAGE_PREFIX)} + "
                     f"variables.problems.join('; ') + {_literal(why(webhook, namespace))}",
                     "reason": "Forbidden",
                 }

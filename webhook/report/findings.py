@@ -42,6 +42,7 @@ from webhook.decision.policy import Policy
 from webhook.preview import preview
 from webhook.reasons import Reason
 from webhook.report.objects import Objects
+from webhook.report.refused import Refused, refused
 from webhook.report.reserved import NodeGpus, Waiting, account, unanswered
 
 PodStatus = Literal["confined", "drifted", "would-be-refused", "warned", "excluded"]
@@ -112,6 +113,7 @@ class Report:
     notes: tuple[str, ...] = ()
     counts: dict[str, int] = field(default_factory=dict)
     unanswered: tuple[Waiting, ...] = ()  # GPU pods waiting for a scheduler nobody answers
+    refused: tuple[Refused, ...] = ()  # controllers whose pods the guard refused
 
     @property
     def unaccounted(self) -> int:
@@ -121,10 +123,13 @@ class Report:
     @property
     def clean(self) -> bool:
         """Nothing drifted, nothing a policy in force would refuse (warned included), every
-        bound GPU pod counted by the scheduler extender, no GPU pod left unanswered."""
+        bound GPU pod counted by the scheduler extender, no GPU pod left unanswered, and
+        no controller's pod refused by the guard."""
         statuses = {p.status for p in self.pods} | {w.status for w in self.workloads}
         unplaced = self.unaccounted or self.unanswered
-        return not statuses & {"drifted", "would-be-refused", "warned"} and not unplaced
+        return not statuses & {"drifted", "would-be-refused", "warned"} and not (
+            unplaced or self.refused
+        )
 
 
 def build_report(objects: Objects, policy: Policy, *, now: datetime) -> Report:
@@ -167,6 +172,7 @@ def build_report(objects: Objects, policy: Policy, *, now: datetime) -> Report:
         notes=tuple(notes),
         counts=counts,
         unanswered=unanswered(objects.pods, policy, now),
+        refused=refused(objects.events),
     )
 
 

@@ -1,6 +1,6 @@
 """The objects a report reads: what a cluster's API (or a saved ``kubectl get -o json``) holds.
 
-Owns sorting a list of objects into pods, workloads and nodes, checking each
+Owns sorting a list of objects into pods, workloads, nodes and events, checking each
 has the shape a report relies on (a kind, a name, a namespace for the
 namespaced ones), and leaving out workloads another listed workload
 controls (a Deployment's ReplicaSets, a CronJob's Jobs), whose pod template
@@ -34,6 +34,7 @@ class Objects:
     pods: list[Mapping[str, Any]] = field(default_factory=list)
     workloads: list[Mapping[str, Any]] = field(default_factory=list)
     nodes: list[Mapping[str, Any]] = field(default_factory=list)
+    events: list[Mapping[str, Any]] = field(default_factory=list)  # core v1 Events
     finished: int = 0  # pods that ran to an end: not judged, they hold nothing
     owned: int = 0  # workloads left out: their owner's template is judged instead
     other: int = 0  # objects of other kinds, ignored
@@ -52,6 +53,9 @@ def sort_objects(items: Iterable[Any], source: str) -> Objects:
         kind, api_version, meta = _shape(item, index, source)
         if kind == "Node" and api_version == "v1":
             found.nodes.append(item)
+            continue
+        if kind == "Event" and api_version == "v1":
+            found.events.append(item)
             continue
         if kind == "Pod" and api_version == "v1":
             _namespace(meta, index, source)

@@ -33,6 +33,7 @@ def as_json(report: Report) -> dict[str, Any]:
             "workloads": _counts([w.status for w in report.workloads], WORKLOAD_STATUSES),
             "unaccounted": report.unaccounted,
             "unanswered": sum(len(w.pods) for w in report.unanswered),
+            "refusedByGuard": len(report.refused),
         },
         "pods": [_pod(p) for p in report.pods],
         "workloads": [_workload(w) for w in report.workloads],
@@ -40,6 +41,17 @@ def as_json(report: Report) -> dict[str, Any]:
         "unanswered": [
             {"schedulerName": w.scheduler, "pods": list(w.pods), "message": w.message}
             for w in report.unanswered
+        ],
+        "refusedByGuard": [
+            {
+                "namespace": r.namespace,
+                "kind": r.kind,
+                "name": r.name,
+                "count": r.count,
+                "lastSeen": r.last,
+                "message": r.message,
+            }
+            for r in report.refused
         ],
         "notes": list(report.notes),
     }
@@ -121,7 +133,7 @@ def _table(header: Row, rows: Sequence[Row]) -> list[str]:
 
 def as_table(report: Report) -> str:
     out = _pods(report) + _workloads(report) + _nodes(report) + _gpus(report)
-    out += _unanswered(report)
+    out += _unanswered(report) + _refused(report)
     out.append(_summary(report))
     out.extend(f"note: {note}" for note in report.notes)
     return "\n".join(out) + "\n"
@@ -206,6 +218,17 @@ def _unanswered(report: Report) -> list[str]:
     return ["WAITING FOR A SCHEDULER", *(w.message for w in report.unanswered), ""]
 
 
+def _refused(report: Report) -> list[str]:
+    if not report.refused:
+        return []
+    lines = [
+        f"{r.namespace}/{r.name} ({r.kind}, {r.count} times, last {r.last or 'unknown'}): "
+        f"{r.message}"
+        for r in report.refused
+    ]
+    return ["REFUSED BY THE GUARD (the webhook did not set these pods up)", *lines, ""]
+
+
 def _summary(report: Report) -> str:
     pods = _counts([p.status for p in report.pods], POD_STATUSES)
     workloads = _counts([w.status for w in report.workloads], WORKLOAD_STATUSES)
@@ -218,6 +241,8 @@ def _summary(report: Report) -> str:
     waiting = sum(len(w.pods) for w in report.unanswered)
     if waiting:
         more += f"; {waiting} GPU pods wait for a scheduler nobody answers"
+    if report.refused:
+        more += f"; {len(report.refused)} controllers' pods refused by the guard"
     return (
         f"{len(report.pods)} GPU pods: {said}; {len(report.workloads)} GPU workloads: {told}"
         f"{more} ({verdict})"
