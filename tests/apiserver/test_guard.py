@@ -13,8 +13,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,13 +33,29 @@ from tests.apiserver.helpers import (
     tiny_webhook,
     wait_for_service_account,
 )
-from tests.controlplane.install import GUARD, NS, ROOT, Installed, service_account_kubeconfig
-from tests.helpers import eventually
+from tests.controlplane.install import (
+    GUARD,
+    NS,
+    ROOT,
+    Installed,
+    service_account_kubeconfig,
+    webhook_cli,
+)
+from tests.helpers import apply, eventually
+from tests.test_rules import CASES, _pod, answer_of
 from webhook import tls
+from webhook.decision.policy import parse_policy_text
 
 TEAM, OPTED_OUT, WARNED = "guard-team", "guard-opted-out", "guard-warned"
 GOLDEN = Path(__file__).parent.parent / "golden"
 GUARDED = "gpushare-webhook guard: "
+
+
+def _made(policy: Path) -> list[dict[str, Any]]:
+    """``gpushare-webhook policy guard POLICY``: the guard's objects."""
+    done = webhook_cli("policy", "guard", str(policy))
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
 def _guard(installed: Installed, *extra: str) -> list[dict[str, Any]]:
@@ -49,14 +63,7 @@ def _guard(installed: Installed, *extra: str) -> list[dict[str, Any]]:
     served = Path(installed.args[installed.args.index("--policy") + 1]).read_text()
     policy = Path(installed.folder) / "guard-policy.yaml"
     policy.write_text(served + "".join(line + "\n" for line in extra))
-    done = subprocess.run(
-        [sys.executable, "-m", "webhook", "policy", "guard", str(policy)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    return _made(policy)
 
 
 def _apply(installed: Installed, objects: list[dict[str, Any]]) -> None:
@@ -80,11 +87,17 @@ def _remove(installed: Installed) -> None:
 
 
 def _dry_run(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> str | None:
-    """The API server's refusal of the pod's create (dry run: nothing stored), or None."""
+    """The API server's refusal of the pod's create (dry run: nothing stored), or None.
+
+    A body the client will not send (a malformed pod of a test's table) is refused
+    before the API server: that says so.
+    """
     try:
         client.CoreV1Api(api).create_namespaced_pod(namespace, body, dry_run="All")
     except ApiException as error:
         return str(json.loads(error.body)["message"])
+    except pydantic.ValidationError as error:
+        return f"not sent: {error.error_count()} fields the API's schema refuses"
     return None
 
 
@@ -162,10 +175,7 @@ def _goldens() -> list[tuple[str, dict[str, Any]]]:
 def test_every_golden_pod_the_webhook_admits_passes_the_guard(guarded: Installed) -> None:
     admitted = 0
     for name, pod in _goldens():
-        try:
-            message = _dry_run(guarded.api, TEAM, pod)
-        except pydantic.ValidationError:
-            continue  # a golden of a malformed pod: the client will not even send it
+        message = _dry_run(guarded.api, TEAM, pod)
         assert message is None or GUARDED not in message, (name, message)
         admitted += message is None
     assert admitted >= 10  # GPU pods among them, set up by the webhook and passed
@@ -274,6 +284,32 @@ def test_a_later_webhook_that_strips_the_shims_env_is_caught(
     assert "the pod lacks" not in message  # the volumes and the annotation stayed
 
 
+@contextlib.contextmanager
+def judging(guarded: Installed, policy: Path, name: str) -> Iterator[None]:
+    """The guard of ``policy``, named ``name`` (each its own: a removed one may linger a
+    moment), bound with Deny to OPTED_OUT alone, whose pods the installed webhook skips:
+    they reach it as they are written. Active once a bare GPU pod is refused by it."""
+    variant, binding, *_ = _made(policy)
+    variant["metadata"]["name"] = name
+    variant["spec"]["matchConstraints"]["namespaceSelector"] = {
+        "matchLabels": {"kubernetes.io/metadata.name": OPTED_OUT}
+    }
+    binding = {**binding, "metadata": {"name": name}}
+    binding["spec"] = {"policyName": name, "validationActions": ["Deny"]}
+    resource = parse_policy_text(policy.read_text()).resource_name
+    probe = pod_manifest(
+        "probe", {"name": "main", "image": "cuda", "resources": {"limits": {resource: "1"}}}
+    )
+    _apply(guarded, [variant, binding])
+    try:
+        eventually(lambda: f"'{name}'" in (_dry_run(guarded.api, OPTED_OUT, probe) or ""))
+        yield
+    finally:
+        guarded.plane.kubectl(
+            "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name
+        )
+
+
 VARIANTS = {
     # policy: (pod labels, container resources, what the raw pod's refusal names)
     "scheduler: ack\n": (
@@ -302,21 +338,6 @@ def test_the_guard_reads_each_policys_set_up(
     """
     labels, resources, named = VARIANTS[policy]
     (tmp_path / "policy.yaml").write_text(policy)
-    done = subprocess.run(
-        [sys.executable, "-m", "webhook", "policy", "guard", str(tmp_path / "policy.yaml")],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    variant, *binding = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
-    name = f"{GUARD}-variant-{len(policy)}"  # its own name: the last one may linger a moment
-    variant["metadata"]["name"] = name
-    variant["spec"]["matchConstraints"]["namespaceSelector"] = {
-        "matchLabels": {"kubernetes.io/metadata.name": OPTED_OUT}
-    }
-    binding = [{**binding[0], "metadata": {"name": name}}]
-    binding[0]["spec"] = {"policyName": name, "validationActions": ["Deny"]}
     body = pod_manifest(
         "variant", {"name": "main", "image": "cuda", "resources": {"limits": resources}}
     )
@@ -325,33 +346,20 @@ def test_the_guard_reads_each_policys_set_up(
         {"name": "warm", "image": "cuda", "resources": {"limits": dict(resources)}}
     ]
     (tmp_path / "pod.json").write_text(json.dumps(body))
-    mutated = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "webhook",
-            "mutate",
-            str(tmp_path / "pod.json"),
-            "--policy",
-            str(tmp_path / "policy.yaml"),
-            "--output",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
+    mutated = webhook_cli(
+        "mutate",
+        str(tmp_path / "pod.json"),
+        "--policy",
+        str(tmp_path / "policy.yaml"),
+        "-o",
+        "json",
     )
-    _apply(guarded, [variant, *binding])
-    try:
-        eventually(lambda: named in (_dry_run(guarded.api, OPTED_OUT, body) or ""), timeout=30)
+    assert mutated.returncode == 0, mutated.stderr
+    with judging(guarded, tmp_path / "policy.yaml", f"{GUARD}-variant-{len(policy)}"):
         message = _dry_run(guarded.api, OPTED_OUT, body) or ""
+        assert named in message, message
         assert "container 'warm' lacks" in message  # init containers are held too
         assert _dry_run(guarded.api, OPTED_OUT, json.loads(mutated.stdout)) is None
-    finally:
-        guarded.plane.kubectl(
-            "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name
-        )
 
 
 def test_the_report_names_a_controller_whose_pods_the_guard_refused(
@@ -396,27 +404,37 @@ def test_the_report_names_a_controller_whose_pods_the_guard_refused(
         plane.kubectl("delete", "deployment", "bypassed", "-n", TEAM, "--wait=true")
         plane.kubectl("create", "-f", "-", stdin=json.dumps(saved))
     kubeconfig = service_account_kubeconfig(plane, "gpushare-webhook-report", tmp_path)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "webhook",
-            "report",
-            "-o",
-            "json",
-            "-n",
-            TEAM,
-            "--kubeconfig",
-            str(kubeconfig),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = webhook_cli("report", "-o", "json", "-n", TEAM, "--kubeconfig", str(kubeconfig))
     assert done.returncode == 1, done.stderr
     (found,) = json.loads(done.stdout)["refusedByGuard"]
     assert (found["namespace"], found["kind"]) == (TEAM, "ReplicaSet")
     assert found["name"].startswith("bypassed-")
     assert found["message"].startswith(GUARDED)
     assert "container 'main' lacks the shim mounted at /usr/local/vgpu" in found["message"]
+
+
+def test_every_rule_case_the_webhook_sets_up_passes_that_policys_guard(
+    guarded: Installed, tmp_path: Path
+) -> None:
+    """tests/rules: each pod the webhook mutates (offline, with the case's policy and nodes),
+    as mutated, created where that policy's guard alone judges it; none is refused by it."""
+    by_policy: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for path, index, case in CASES:
+        got, ops = answer_of(case)
+        if got["outcome"] != "mutated":
+            continue  # refused (never stored), or warned: the guard only warns where it does
+        pod = apply(case["object"] if "object" in case else _pod(case), ops)
+        pod["metadata"] = {**pod["metadata"], "name": f"rule-{index}"}
+        pod["metadata"].pop("namespace", None)
+        for container in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
+            container.setdefault("image", "cuda")
+        by_policy.setdefault(case.get("policy") or "", []).append((f"{path.stem}-{index}", pod))
+    passed = 0
+    for number, (text, pods) in enumerate(sorted(by_policy.items())):
+        (tmp_path / f"{number}.yaml").write_text(text)
+        with judging(guarded, tmp_path / f"{number}.yaml", f"{GUARD}-rules-{number}"):
+            for case_id, pod in pods:
+                message = _dry_run(guarded.api, OPTED_OUT, pod)
+                assert message is None or GUARDED not in message, (case_id, message)
+                passed += message is None
+    assert passed >= 60, passed  # most pass the API server's own validation too
