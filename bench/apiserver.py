@@ -14,7 +14,9 @@ its first bucket, whose bound is read from the histogram) and the create
 latency the client measured. A fourth namespace has the webhook and the
 guard (the ValidatingAdmissionPolicy of ``policy guard``, bound to it
 alone): its creates against the first namespace's are the guard's cost
-(the API server times only the checks that fail). Pods are deleted after
+(the API server times only the checks that fail). A fifth has a policy of
+one expression (``true``) with the guard's match instead: what any policy
+costs, whatever its expressions. Pods are deleted after
 each round. Not a test: it never fails on a timing.
 """
 
@@ -46,6 +48,7 @@ HOOK = 'name="pods.gpushare-webhook.io"'
 FLOOR_HOOK = 'name="bench-floor.tests.gpushare-webhook.io"'
 SENT, FLOOR, UNSENT = "bench-sent", "bench-floor", "bench-unsent"
 GUARDED = "bench-guarded"  # our webhook, then the guard (webhook.decision.guard)
+TRIVIAL = "bench-trivial"  # our webhook, then a policy of one expression: what any policy costs
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -154,11 +157,18 @@ def _start_floor(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
 
 
 def _apply_guard(plane: ControlPlane, installed: Installed) -> None:
-    """The guard for the policy the webhook serves, bound to GUARDED only."""
+    """The guard for the policy the webhook serves, bound to GUARDED only, and beside it
+    a policy whose one expression is ``true``, with the same match, bound to TRIVIAL."""
     served = Path(installed.args[installed.args.index("--policy") + 1]).read_text()
     objects = guard(parse_policy_text(served))
-    for binding in objects[1:]:
-        selector = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [GUARDED]}
+    trivial = json.loads(json.dumps(objects[:2]))
+    trivial[0]["metadata"]["name"] = trivial[1]["metadata"]["name"] = "bench-trivial"
+    trivial[0]["spec"].update(variables=[], auditAnnotations=[])
+    trivial[0]["spec"]["validations"] = [{"expression": "true"}]
+    trivial[1]["spec"]["policyName"] = "bench-trivial"
+    objects += trivial
+    for binding, namespace in ((objects[1], GUARDED), (trivial[1], TRIVIAL)):
+        selector = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [namespace]}
         binding["spec"]["matchResources"] = {"namespaceSelector": {"matchExpressions": [selector]}}
     plane.kubectl(
         "apply",
@@ -183,7 +193,7 @@ def run(quick: bool) -> dict[str, Any]:
     with running(root / "cluster", binaries) as plane:
         installed = install(plane, root / "webhook", workers=None)  # as deployed
         try:
-            for namespace in (SENT, FLOOR, UNSENT, GUARDED):
+            for namespace in (SENT, FLOOR, UNSENT, GUARDED, TRIVIAL):
                 plane.kubectl("create", "namespace", namespace)
             _apply_guard(plane, installed)
             for namespace in (FLOOR, UNSENT):
@@ -199,14 +209,16 @@ def run(quick: bool) -> dict[str, Any]:
                 namespace=FLOOR,
                 path="/mutate",
             )
-            for namespace in (SENT, FLOOR, UNSENT, GUARDED):
+            for namespace in (SENT, FLOOR, UNSENT, GUARDED, TRIVIAL):
                 wait_for_service_account(installed.api, namespace)
-            for namespace in (SENT, FLOOR, UNSENT, GUARDED):  # warm every path
+            for namespace in (SENT, FLOOR, UNSENT, GUARDED, TRIVIAL):  # warm every path
                 _create(plane, namespace, 20, 4, 10**6)
                 _delete_all(plane, namespace)
             index = 0
             for level in (1, 8, 32):
-                latencies: dict[str, list[float]] = {SENT: [], FLOOR: [], UNSENT: [], GUARDED: []}
+                latencies: dict[str, list[float]] = {
+                    name: [] for name in (SENT, FLOOR, UNSENT, GUARDED, TRIVIAL)
+                }
                 count = per_round if level > 1 else per_round // 2
                 metrics = plane.metrics()
                 before = {hook: _histogram(metrics, hook)[1] for hook in (HOOK, FLOOR_HOOK)}
@@ -242,6 +254,9 @@ def run(quick: bool) -> dict[str, Any]:
                     "guard_p50_ms": round(
                         statistics.median(latencies[GUARDED]) - statistics.median(sent), 2
                     ),
+                    "trivial_policy_p50_ms": round(
+                        statistics.median(latencies[TRIVIAL]) - statistics.median(sent), 2
+                    ),
                 }
         finally:
             stop_server(installed.server)
@@ -265,5 +280,6 @@ def report(results: dict[str, Any]) -> None:
         print(
             f"        with the guard too: p50 {row['create_p50_ms_guarded']:.2f} ms "
             f"({row['guarded_to_webhook_p50']:.3f} of the webhook alone), "
-            f"{row['guard_p50_ms']:+.2f} ms"
+            f"{row['guard_p50_ms']:+.2f} ms; a policy of one expression "
+            f"{row['trivial_policy_p50_ms']:+.2f} ms"
         )

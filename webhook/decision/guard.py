@@ -164,6 +164,41 @@ _PIECES = [
     ),
 ]
 
+# What the pod itself must hold: (the condition, what is missing when it fails).
+_POD_PIECES = [
+    (
+        "object.spec.schedulerName == variables.schedulerName",
+        "'schedulerName ' + variables.schedulerName",
+    ),
+    (
+        f"has(object.metadata.annotations) && {_literal(STATUS_ANNOTATION)} in "
+        "object.metadata.annotations",
+        f"'the annotation {STATUS_ANNOTATION}'",
+    ),
+    (
+        f"has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == "
+        f"{_literal(VOLUME_NAME)} && has(v.hostPath) && v.hostPath.path == variables.hostPath)",
+        f"'the volume {VOLUME_NAME} (hostPath ' + variables.hostPath + ')'",
+    ),
+    (
+        f"has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == "
+        f"{_literal(ACCOUNTING_VOLUME)} && has(v.emptyDir))",
+        f"'the volume {ACCOUNTING_VOLUME} (emptyDir)'",
+    ),
+]
+
+
+def _all(pieces: list[tuple[str, str]]) -> str:
+    return " && ".join(f"({holds})" for holds, _ in pieces)
+
+
+def _missing(pieces: list[tuple[str, str]]) -> str:
+    return "[" + ", ".join(f"{holds} ? '' : {what}" for holds, what in pieces) + "]"
+
+
+# NB: the API server evaluates a variable only when an expression reads it. A pod
+# the webhook set up is judged by ``ok`` alone, conditions joined by &&; the lists
+# of what is missing, and their words, are made only for a pod that fails.
 LOGIC: list[tuple[str, str]] = [
     (
         "gpu",
@@ -177,34 +212,14 @@ LOGIC: list[tuple[str, str]] = [
         "int(object.metadata.labels[variables.countResource]) : 1",
     ),
     ("want", _WANT),
+    ("ok", f"{_all(_POD_PIECES)} && variables.want.all(w, {_all(_PIECES)})"),
     (
         "lacks",
-        "variables.want.map(w, [w.c.name] + ["
-        + ", ".join(f"{holds} ? '' : {what}" for holds, what in _PIECES)
-        + "].filter(s, s != ''))"
+        f"variables.want.map(w, [w.c.name] + {_missing(_PIECES)}.filter(s, s != ''))"
         ".filter(l, size(l) > 1)"
         ".map(l, \"container '\" + l[0] + \"' lacks \" + l.slice(1, size(l)).join(', '))",
     ),
-    (
-        "podLacks",
-        "["
-        + ", ".join(
-            [
-                "object.spec.schedulerName == variables.schedulerName ? '' : "
-                "'schedulerName ' + variables.schedulerName",
-                f"has(object.metadata.annotations) && {_literal(STATUS_ANNOTATION)} in "
-                f"object.metadata.annotations ? '' : 'the annotation {STATUS_ANNOTATION}'",
-                f"has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == "
-                f"{_literal(VOLUME_NAME)} && has(v.hostPath) && v.hostPath.path == "
-                f"variables.hostPath) ? '' : 'the volume {VOLUME_NAME} (hostPath ' + "
-                "variables.hostPath + ')'",
-                f"has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == "
-                f"{_literal(ACCOUNTING_VOLUME)} && has(v.emptyDir)) ? '' : "
-                f"'the volume {ACCOUNTING_VOLUME} (emptyDir)'",
-            ]
-        )
-        + "].filter(s, s != '')",
-    ),
+    ("podLacks", f"{_missing(_POD_PIECES)}.filter(s, s != '')"),
     (
         "problems",
         "(size(variables.podLacks) > 0 ? ['the pod lacks ' + variables.podLacks.join(', ')] "
@@ -277,7 +292,7 @@ def validating_policy(
             "variables": variables,
             "validations": [
                 {
-                    "expression": "size(variables.problems) == 0",
+                    "expression": "variables.ok",
                     "messageExpression": f"{_literal(MESSAGE_PREFIX)} + "
                     f"variables.problems.join('; ') + {_literal(why(webhook, namespace))}",
                     "reason": "Forbidden",
@@ -288,7 +303,7 @@ def validating_policy(
                 {
                     "key": "refused",
                     # An empty value is left out of the audit event.
-                    "valueExpression": "variables.problems.join('; ')",
+                    "valueExpression": "variables.ok ? '' : variables.problems.join('; ')",
                 }
             ],
         },
