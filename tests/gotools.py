@@ -180,7 +180,7 @@ CRD_FILES = {
     ],
     "github.com/prometheus-operator/prometheus-operator": [
         f"example/prometheus-operator-crd/monitoring.coreos.com_{plural}.yaml"
-        for plural in ("servicemonitors", "prometheusrules")
+        for plural in ("servicemonitors", "podmonitors", "prometheusrules")
     ],
 }
 

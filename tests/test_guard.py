@@ -48,6 +48,59 @@ def test_the_shipped_guard_is_made_from_the_shipped_policy(tmp_path: Path) -> No
     assert (SHIPPED / "guard.yaml").read_text() == done.stdout, "GOLDEN_UPDATE=1 rewrites it"
 
 
+def test_the_generator_makes_the_shipped_guard() -> None:
+    """In process, so mutation testing sees it (the test above runs the command)."""
+    made = guard(parse_policy_text(shipped_policy()))
+    assert made == [d for d in yaml.safe_load_all((SHIPPED / "guard.yaml").read_text()) if d]
+
+
+LITERALS = {
+    # policy text: the variables the expressions read that it changes from the defaults
+    "scheduler: ack\n": {"countFromLabel": "true"},
+    "scheduler: ack\nmultiGpu: {countFrom: resource, memory: perDevice}\n": {
+        "countFromResource": "true",
+        "perDevice": "true",
+    },
+    "memoryUnit: MiB\ncompute: {default: 30}\nshim: {ldSoPreload: true, overrideFile: ''}\n": {
+        "mibPerUnit": "1",
+        "computeAlways": "true",
+        "ldSoPreload": "true",
+        "overrideFile": '""',
+    },
+    "shim: {mountPath: /opt/vgpu/, library: libx.so}\nenv: {memoryLimit: MEM}\n": {
+        "mountPath": '"/opt/vgpu/"',
+        "preload": '"/opt/vgpu/libx.so"',
+        "memoryLimit": '"MEM"',
+    },
+    "resourceName: example.com/vram\nschedulerName: gpu-profile\n": {
+        "resource": '"example.com/vram"',
+        "schedulerName": '"gpu-profile"',
+    },
+}
+
+
+def _literals(text: str) -> dict[str, str]:
+    (policy, *_) = guard(parse_policy_text(text))
+    names = [name for name, _ in LOGIC]
+    return {
+        v["name"]: v["expression"] for v in policy["spec"]["variables"] if v["name"] not in names
+    }
+
+
+@pytest.mark.parametrize(("text", "changed"), LITERALS.items(), ids=list(LITERALS))
+def test_the_policy_reaches_the_guard_as_literals(text: str, changed: dict[str, str]) -> None:
+    defaults = _literals("")
+    assert defaults["resource"] == '"aliyun.com/gpu-mem"'
+    assert defaults["mibPerUnit"] == "1024"
+    assert _literals(text) == {**defaults, **changed}
+    (policy, *_) = guard(parse_policy_text(text))
+    match = policy["spec"]["matchConditions"][0]["expression"]
+    assert match == MATCH.replace("RESOURCE", _literals(text)["resource"])
+    message = policy["spec"]["validations"][0]["messageExpression"]
+    assert message.startswith('"gpushare-webhook guard: " + variables.problems.join')
+    assert "check the MutatingWebhookConfiguration gpushare-webhook" in message
+
+
 def test_the_charts_expressions_are_the_generators() -> None:
     text = CHART_LOGIC.read_text()
     made = {"match": MATCH, "variables": [{"name": n, "expression": e} for n, e in LOGIC]}

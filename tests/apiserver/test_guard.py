@@ -3,7 +3,7 @@
 The guard (manifests/base/guard.yaml, ``gpushare-webhook policy guard``) is
 applied here for the policy the installed webhook serves, and removed after.
 Each way of bypassing the webhook is done for real: its configuration
-deleted, ``failurePolicy: Ignore`` with the webhook stopped, and a second
+edited to call it for no create, ``failurePolicy: Ignore`` with the webhook stopped, and a second
 webhook (a tiny one: no real webhook strips env on demand) that removes
 the shim's variables after ours, reinvoked after our reinvocation.
 """
@@ -192,23 +192,28 @@ def _audited(installed: Installed) -> str:
     return "\n".join(found)
 
 
-def _config(installed: Installed) -> dict[str, Any]:
-    found: dict[str, Any] = json.loads(
-        installed.plane.kubectl(
-            "get", "mutatingwebhookconfiguration", "gpushare-webhook", "-o", "json"
-        ).stdout
+def _patch_webhook(installed: Installed, path: str, value: Any) -> None:
+    patch = json.dumps([{"op": "replace", "path": f"/webhooks/0/{path}", "value": value}])
+    installed.plane.kubectl(
+        "patch", "mutatingwebhookconfiguration", "gpushare-webhook", "--type=json", "-p", patch
     )
-    for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
-        found["metadata"].pop(key, None)
-    return found
 
 
-def test_with_the_webhook_configuration_deleted_gpu_pods_are_refused_by_the_guard(
+@contextlib.contextmanager
+def configuration_edited(installed: Installed) -> Iterator[None]:
+    """The webhook's configuration edited so that it is called for no pod create, as an upgrade
+    gone wrong leaves it. (Not deleted: its Secrets belong to it, and would go with it.)"""
+    _patch_webhook(installed, "rules/0/operations", ["UPDATE"])
+    try:
+        yield
+    finally:
+        _patch_webhook(installed, "rules/0/operations", ["CREATE"])
+
+
+def test_with_the_webhook_configuration_edited_gpu_pods_are_refused_by_the_guard(
     guarded: Installed,
 ) -> None:
-    saved = _config(guarded)
-    guarded.plane.kubectl("delete", "mutatingwebhookconfiguration", "gpushare-webhook")
-    try:
+    with configuration_edited(guarded):
         message = refusal(
             lambda: client.CoreV1Api(guarded.api).create_namespaced_pod(
                 TEAM, pod_manifest("bypassed", gpu_container(gpu="4")), dry_run="All"
@@ -240,18 +245,12 @@ def test_with_the_webhook_configuration_deleted_gpu_pods_are_refused_by_the_guar
         assert warned.returncode == 0, warned.stderr
         assert warned.stderr.startswith("Warning: "), warned.stderr
         assert GUARDED in warned.stderr, warned.stderr
-    finally:
-        guarded.plane.kubectl("create", "-f", "-", stdin=json.dumps(saved))
 
 
 def test_with_failure_policy_ignore_and_the_webhook_down_the_guard_refuses(
     guarded: Installed,
 ) -> None:
-    plane = guarded.plane
-    patch = '[{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}]'
-    plane.kubectl(
-        "patch", "mutatingwebhookconfiguration", "gpushare-webhook", "--type=json", "-p", patch
-    )
+    _patch_webhook(guarded, "failurePolicy", "Ignore")
     guarded.stop_webhook()
     try:
         message = _dry_run(guarded.api, TEAM, pod_manifest("ignored", gpu_container(gpu="2")))
@@ -262,14 +261,7 @@ def test_with_failure_policy_ignore_and_the_webhook_down_the_guard_refuses(
         eventually(lambda: "CUDA_DEVICE_MEMORY_LIMIT=2048m" in _audited(guarded), timeout=15)
     finally:
         guarded.start_webhook()
-        plane.kubectl(
-            "patch",
-            "mutatingwebhookconfiguration",
-            "gpushare-webhook",
-            "--type=json",
-            "-p",
-            patch.replace("Ignore", "Fail"),
-        )
+        _patch_webhook(guarded, "failurePolicy", "Fail")
 
 
 def test_a_later_webhook_that_strips_the_shims_env_is_caught(
@@ -388,9 +380,7 @@ def test_the_report_names_a_controller_whose_pods_the_guard_refused(
             },
         },
     }
-    saved = _config(guarded)
-    plane.kubectl("delete", "mutatingwebhookconfiguration", "gpushare-webhook")
-    try:
+    with configuration_edited(guarded):
         plane.kubectl("apply", "-f", "-", stdin=json.dumps(deployment))
 
         def refused() -> list[str]:
@@ -399,10 +389,10 @@ def test_the_report_names_a_controller_whose_pods_the_guard_refused(
             )
             return [e.message for e in events.items if GUARDED in (e.message or "")]
 
-        eventually(refused, timeout=60)
-    finally:
-        plane.kubectl("delete", "deployment", "bypassed", "-n", TEAM, "--wait=true")
-        plane.kubectl("create", "-f", "-", stdin=json.dumps(saved))
+        try:
+            eventually(refused, timeout=60)
+        finally:
+            plane.kubectl("delete", "deployment", "bypassed", "-n", TEAM, "--wait=true")
     kubeconfig = service_account_kubeconfig(plane, "gpushare-webhook-report", tmp_path)
     done = webhook_cli("report", "-o", "json", "-n", TEAM, "--kubeconfig", str(kubeconfig))
     assert done.returncode == 1, done.stderr

@@ -8,7 +8,7 @@ its Service, which has no endpoints here: it is installed with
 ``failurePolicy: Ignore`` so that the tier's other GPU pods are not held up
 by it. cert-manager's and the Prometheus Operator's CRDs, as their Go
 modules ship them, are applied first, so the API server itself validates
-the Issuers, Certificates, ServiceMonitor and PrometheusRule.
+the Issuers, Certificates, ServiceMonitor, PodMonitor and PrometheusRule.
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ def test_custom_objects_are_valid_to_the_api_server(helm: tuple[str, ControlPlan
         "Issuer",
         "Certificate",
         "ServiceMonitor",
+        "PodMonitor",
         "PrometheusRule",
     }
     done = plane.kubectl(
@@ -163,7 +164,8 @@ def test_install_upgrade_and_uninstall(helm: tuple[str, ControlPlane], tmp_path:
         kinds = "all,cm,secret,sa,role,rolebinding,networkpolicy,pdb,resourcequota"
         found = plane.kubectl("get", kinds, "-n", NAMESPACE, "-o", "name").stdout.split()
         found += plane.kubectl(
-            "get", "clusterrole,clusterrolebinding,mutatingwebhookconfiguration", "-o", "name",
+            "get", "clusterrole,clusterrolebinding,mutatingwebhookconfiguration,"
+            "validatingadmissionpolicy,validatingadmissionpolicybinding", "-o", "name",
             "-l", f"app.kubernetes.io/instance={RELEASE}",
         ).stdout.split()  # fmt: skip
         # What every namespace has of its own is not the release's.
