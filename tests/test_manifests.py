@@ -382,6 +382,7 @@ def test_the_report_reads_and_never_writes() -> None:
         ("", "nodes", "list"),
         ("", "events", "list"),
         ("", "configmaps", "get"),
+        ("", "pods/proxy", "get"),
         *(("apps", kind, "list") for kind in ("deployments", "statefulsets", "daemonsets")),
         ("apps", "replicasets", "list"),
         ("batch", "jobs", "list"),

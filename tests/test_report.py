@@ -35,6 +35,7 @@ from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
 from webhook.report import reserved
 from webhook.report.findings import OTHER_POLICY, build_report, judge_pod
 from webhook.report.objects import sort_objects
+from webhook.report.render import as_table
 
 HERE = Path(__file__).parent / "report"
 UPDATE = os.environ.get("GOLDEN_UPDATE") == "1"
@@ -111,8 +112,9 @@ def test_the_json_has_its_documented_shape() -> None:
     assert (found["summary"]["unaccounted"], found["summary"]["unanswered"]) == (3, 2)
     assert set(found["pods"][0]) == {
         "namespace", "name", "node", "status", "gpuMemory", "withoutLimit", "findings", "cause",
-        "gpu", "reserved",
+        "gpu", "reserved", "usedBytes",
     }  # fmt: skip
+    assert {p["usedBytes"] for p in found["pods"]} == {None}  # --from: no agent to ask
     assert set(found["nodes"][0]) == {
         "name", "gpus", "memoryPerGpu", "total", "used", "free", "pods", "withoutLimit",
         "unaccounted", "devices",
@@ -133,7 +135,7 @@ def test_the_json_has_its_documented_shape() -> None:
     readme = (Path(__file__).parent.parent / "docs" / "report.md").read_text()
     keys = ("gpuMemory", "withoutLimit", "memoryPerGpu", "would-be-refused", "clean", "used")
     for key in (*keys, "unaccounted", "devices", "unanswered", "schedulerName", "reserved",
-                "refusedByGuard", "lastSeen"):  # fmt: skip
+                "refusedByGuard", "lastSeen", "usedBytes"):  # fmt: skip
         assert f"`{key}`" in readme, key
 
 
@@ -466,3 +468,19 @@ def test_waiting_pods_and_pods_the_extender_did_not_count_need_a_look() -> None:
     report = build_report(sort_objects([old], "test"), DEFAULT_POLICY, now=NOW)
     assert not report.clean
     assert [w.pods for w in report.unanswered] == [("team-a/train",)]
+
+
+def test_what_each_pod_uses_is_the_node_agents_measure() -> None:
+    """Reading the cluster, ``usage`` comes from the node agents (tests/apiserver/test_top.py
+    reads a real one); a pod they report nothing for is not measured."""
+    items = json.loads((HERE / "cluster.json").read_text())["items"]
+    policy = parse_policy_text((HERE / "policy.yaml").read_text())
+    bare = build_report(sort_objects(items, "cluster.json"), policy, now=NOW)
+    first = bare.pods[0]
+    usage = {(first.namespace, first.name): 3 * 2**30}
+    measured = build_report(sort_objects(items, "cluster.json"), policy, now=NOW, usage=usage)
+    used = {(p.namespace, p.name): p.used_bytes for p in measured.pods}
+    assert used == {key: usage.get(key) for key in used}
+    assert {p.used_bytes for p in bare.pods} == {None}
+    (row,) = [line for line in as_table(measured).splitlines() if f" {first.name} " in line]
+    assert " 3072 " in row

@@ -17,6 +17,7 @@ import json
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from tests.apiserver.helpers import (
     RESTRICTED,
     create_namespace,
     create_pod,
+    delete_namespaces,
     delete_nodes,
     gpu_container,
     pod_manifest,
@@ -88,12 +90,22 @@ def _top(*args: str, plugin: bool = False) -> tuple[int, dict[str, Any]]:
     return done.returncode, json.loads(done.stdout)
 
 
+@pytest.fixture
+def scene(installed: Installed) -> Iterator[None]:
+    """The namespace and node of this test, removed after it, whatever it found."""
+    delete_nodes(installed.api)
+    try:
+        yield
+    finally:
+        delete_namespaces(installed.api, ML)
+        delete_nodes(installed.api)
+
+
 def test_top_reads_the_node_agent_through_the_pod_proxy(
-    installed: Installed, tmp_path: Path
+    installed: Installed, tmp_path: Path, scene: None
 ) -> None:
     address = _address()
     api, kubeconfig = installed.api, str(installed.plane.kubeconfig)
-    delete_nodes(api)
     create_namespace(api, ML)
     wait_for_service_account(api, ML)
     put_node(api, NODE, memory=32, count=2)
@@ -119,8 +131,17 @@ def test_top_reads_the_node_agent_through_the_pod_proxy(
         plugin_code, through_plugin = _top(
             "--kubeconfig", kubeconfig, "--agent-port", str(port), plugin=True
         )
+        reported = subprocess.run(
+            [sys.executable, "-m", "webhook", "report", "-o", "json", "-n", ML,
+             "--kubeconfig", kubeconfig, "--agent-port", str(port)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
     finally:
         agent.stop()
+    # The report asks the same agents what each pod uses.
+    assert reported.returncode == 0, reported.stderr
+    used = {p["name"]: p["usedBytes"] for p in json.loads(reported.stdout)["pods"]}
+    assert (used["train"], used["rogue"], used["idle"]) == (3 * GIB, 3 * GIB, None)
     rows = {p["pod"]: p for p in found["pods"]}
     assert rows["train"] == {
         "node": NODE, "gpu": 0, "namespace": ML, "pod": "train", "reservedBytes": 4 * GIB,
@@ -144,5 +165,3 @@ def test_top_reads_the_node_agent_through_the_pod_proxy(
     core = client.CoreV1Api(api)  # leave no GPU pod behind for the other tests' reports
     for name in ("train", "rogue", "idle"):
         core.delete_namespaced_pod(name, ML, grace_period_seconds=0)
-    core.delete_namespace(ML)
-    delete_nodes(api)

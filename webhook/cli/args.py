@@ -13,6 +13,7 @@ import re
 from typing import NoReturn, TypeAlias
 
 from webhook import __version__
+from webhook.cli.top import add_agent_arguments
 from webhook.cli.top import add_arguments as add_top
 
 EXIT_OK, EXIT_REJECTED, EXIT_INPUT = 0, 1, 2
@@ -248,6 +249,7 @@ def _report_command(sub: Commands) -> None:
     )
     report.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
     report.add_argument("--context", help="kubeconfig context")
+    add_agent_arguments(report)  # what each pod uses, from the node agents
 
 
 def _top_command(sub: Commands) -> None:

@@ -3,7 +3,8 @@
 Reads the cluster (in-cluster credentials, else the kubeconfig), or a file
 saved with ``kubectl get pods,deployments,... -A -o json``; judges it by
 the policy in force (the webhook's ConfigMap, unless ``--policy`` names a
-file) with ``webhook.report``, at the time the clock reads now; prints a
+file) with ``webhook.report``, what each pod uses from the node agents
+(reading the cluster only), at the time the clock reads now; prints a
 table or JSON. Exit 0 when all is confined, 1 when something drifted or
 would be refused, a bound GPU pod holds memory the scheduler extender did
 not reserve, or GPU pods wait for a scheduler nobody answers; 2 on an error.
@@ -22,7 +23,7 @@ from typing import Any, TextIO
 from webhook.cli.args import EXIT_OK, EXIT_REJECTED
 from webhook.cli.offline import read_documents
 from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
-from webhook.errors import InputError
+from webhook.errors import InputError, KubeError
 from webhook.report.findings import build_report
 from webhook.report.objects import sort_objects
 from webhook.report.render import as_json, as_table
@@ -42,6 +43,7 @@ def cmd_report(
     clock: Callable[[], datetime] = _now,
 ) -> int:
     notes: list[str] = []
+    usage: dict[tuple[str, str], int] | None = None  # measured by the node agents
     if args.source:
         items = read_documents(args.source, stdin, stderr, what="objects")
         source = "standard input" if args.source == "-" else args.source
@@ -49,11 +51,11 @@ def cmd_report(
             items = [i for i in items if _namespace(i) in (args.namespace, None)]
         policy = read_policy(Path(args.policy)) if args.policy else DEFAULT_POLICY
     else:
-        items, policy, notes = _from_cluster(args)
+        items, policy, notes, usage = _from_cluster(args)
         source = "the cluster"
     if args.namespace:
         notes.append(f"only namespace {args.namespace}: the GPU memory used counts its pods only")
-    report = build_report(sort_objects(items, source), policy, now=clock())
+    report = build_report(sort_objects(items, source), policy, now=clock(), usage=usage)
     if notes:
         report = dataclasses.replace(report, notes=(*notes, *report.notes))
     if args.output == "json":
@@ -70,11 +72,43 @@ def _namespace(item: Any) -> str | None:
     return namespace if isinstance(namespace, str) else None
 
 
-def _from_cluster(args: argparse.Namespace) -> tuple[list[Any], Policy, list[str]]:
+Usage = dict[tuple[str, str], int]
+
+
+def _usage(api: Any, args: argparse.Namespace, notes: list[str]) -> Usage:
+    """GPU memory used per pod (namespace, name), as the node agents report it."""
+    from webhook.cli.top import agent_reports
+
+    usage: Usage = {}
+    for node, report in sorted(agent_reports(api, args).items()):
+        if isinstance(report, str):  # one node's agent away: the others still count
+            notes.append(f"node {node}: GPU use not read ({report})")
+            continue
+        for row in report:
+            key = (row.namespace, row.pod)
+            usage[key] = usage.get(key, 0) + row.used_bytes
+    return usage
+
+
+def _from_cluster(args: argparse.Namespace) -> tuple[list[Any], Policy, list[str], Usage]:
     from webhook.cluster import inventory, kube
 
     api = kube.api_client(args.kubeconfig, args.context)
     items, notes = inventory.read_objects(api, namespace=args.namespace)
+    try:
+        usage = _usage(api, args, notes)
+    except KubeError as error:  # the agents cannot be listed: the rest of the report stands
+        notes.append(f"GPU use not read: {error}")
+        usage = {}
+    items, policy, notes = _with_policy(api, args, items, notes)
+    return items, policy, notes, usage
+
+
+def _with_policy(
+    api: Any, args: argparse.Namespace, items: list[Any], notes: list[str]
+) -> tuple[list[Any], Policy, list[str]]:
+    from webhook.cluster import inventory
+
     if args.policy:
         return items, read_policy(Path(args.policy)), notes
     namespace, _, name = args.policy_configmap.partition("/")

@@ -38,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NS/NAME",
         help="where the cluster's policy is (default: %(default)s)",
     )
+    add_agent_arguments(parser)
+    parser.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
+    parser.add_argument("--context", help="kubeconfig context")
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the node agents are, for ``top`` and ``report``."""
     parser.add_argument(
         "--agent-namespace",
         default="gpushare-system",
@@ -57,8 +64,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PORT",
         help="their metrics port (default: %(default)s)",
     )
-    parser.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
-    parser.add_argument("--context", help="kubeconfig context")
 
 
 def _policy(api: Any, args: argparse.Namespace) -> Policy:
@@ -77,7 +82,8 @@ def _policy(api: Any, args: argparse.Namespace) -> Policy:
     )
 
 
-def _reports(api: Any, args: argparse.Namespace) -> dict[str, list[Used] | str]:
+def agent_reports(api: Any, args: argparse.Namespace) -> dict[str, list[Used] | str]:
+    """Per node: what its agent reports, or why it could not be read."""
     from webhook.cluster.nodepods import agent_metrics, list_pods
     from webhook.node.scraped import containers  # prometheus_client's parser: only here
 
@@ -105,7 +111,7 @@ def cmd_top(args: argparse.Namespace, stdout: TextIO) -> int:
     api = kube.api_client(args.kubeconfig, args.context)
     policy = _policy(api, args)
     pods = list_pods(api, namespace=args.namespace)
-    top = build_top(pods, policy, _reports(api, args))
+    top = build_top(pods, policy, agent_reports(api, args))
     if args.output == "json":
         json.dump(as_json(top), stdout, indent=2)
         stdout.write("\n")

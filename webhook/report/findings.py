@@ -68,6 +68,7 @@ class PodFinding:
     cause: str = ""
     gpu: int | None = None  # the GPU of its node the scheduler extender counts it on
     reserved: int = 0  # the GPU memory the extender reserved for it there
+    used_bytes: int | None = None  # what the node agent measures it using; None: not measured
 
 
 @dataclass(frozen=True)
@@ -132,8 +133,19 @@ class Report:
         )
 
 
-def build_report(objects: Objects, policy: Policy, *, now: datetime) -> Report:
-    """The report of ``objects`` under ``policy``, at ``now`` (aware: how long pods waited)."""
+def build_report(
+    objects: Objects,
+    policy: Policy,
+    *,
+    now: datetime,
+    usage: Mapping[tuple[str, str], int] | None = None,
+) -> Report:
+    """The report of ``objects`` under ``policy``, at ``now`` (aware: how long pods waited).
+
+    ``usage``: GPU memory used per pod (namespace, name) in bytes, as the node
+    agents measure it; a pod they report nothing for, and every pod without
+    it, is not measured.
+    """
     facts = [facts_of(node) for node in objects.nodes]
     gpus = [found for found in (gpu_node(f, policy) for f in facts) if found is not None]
     view = NodeView(gpus) if gpus else NodeView()
@@ -143,6 +155,8 @@ def build_report(objects: Objects, policy: Policy, *, now: datetime) -> Report:
         for pod in objects.pods
         if (p := judge_pod(pod, policy, view))
     ]
+    if usage is not None:
+        pods = [dataclasses.replace(p, used_bytes=usage.get((p.namespace, p.name))) for p in pods]
     workloads = [w for item in objects.workloads if (w := judge_workload(item, policy))]
     notes = []
     if objects.finished:

@@ -73,6 +73,7 @@ def _pod(pod: PodFinding) -> dict[str, Any]:
         "cause": pod.cause,
         "gpu": pod.gpu,
         "reserved": pod.reserved,
+        "usedBytes": pod.used_bytes,
     }
 
 
@@ -142,8 +143,11 @@ def as_table(report: Report) -> str:
 def _pods(report: Report) -> list[str]:
     if not report.pods:
         return []
-    header = ("NAMESPACE", "POD", "NODE", f"GPU MEMORY ({report.unit})", "STATUS")
-    rows = [(p.namespace, p.name, p.node or "-", str(p.gpu_memory), p.status) for p in report.pods]
+    header = ("NAMESPACE", "POD", "NODE", f"GPU MEMORY ({report.unit})", "USED (MiB)", "STATUS")
+    rows = [
+        (p.namespace, p.name, p.node or "-", str(p.gpu_memory), _mib(p.used_bytes), p.status)
+        for p in report.pods
+    ]
     lines = _table(header, rows)
     out = ["GPU PODS", lines[0]]
     for pod, line in zip(report.pods, lines[1:], strict=True):
@@ -152,6 +156,10 @@ def _pods(report: Report) -> list[str]:
         if pod.cause:
             out.append(f"    likely cause: {pod.cause}")
     return [*out, ""]
+
+
+def _mib(used: int | None) -> str:
+    return "-" if used is None else str(used // 2**20)
 
 
 def _workloads(report: Report) -> list[str]:
