@@ -87,7 +87,11 @@ def _literals(text: str) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize(("text", "changed"), LITERALS.items(), ids=list(LITERALS))
+@pytest.mark.parametrize(
+    ("text", "changed"),
+    LITERALS.items(),
+    ids=["ack-label", "ack-resource-per-device", "mib-compute-preload", "paths-names", "names"],
+)
 def test_the_policy_reaches_the_guard_as_literals(text: str, changed: dict[str, str]) -> None:
     defaults = _literals("")
     assert defaults["resource"] == '"aliyun.com/gpu-mem"'
@@ -170,7 +174,7 @@ def test_the_chart_can_leave_the_guard_out(helm: str) -> None:  # noqa: F811
 
 
 BINDINGS = {
-    # policy text: {binding: (actions, operator, namespaces)}
+    # policy text: {binding: (actions, operator, namespaces)}; ids below
     "enforcement: enforce\n": {"gpushare-webhook-guard": (["Deny"], None, None)},
     "enforcement: warn\n": {"gpushare-webhook-guard-warn": (["Warn", "Audit"], None, None)},
     "namespaces: {lab: {enforcement: warn}}\n": {
@@ -184,7 +188,12 @@ BINDINGS = {
 }
 
 
-@pytest.mark.parametrize(("text", "expected"), BINDINGS.items(), ids=list(BINDINGS))
+# NB: plain ids: mutation testing names each test on a command line.
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    BINDINGS.items(),
+    ids=["enforce", "warn", "enforce-but-a-warned-namespace", "warn-but-an-enforced-namespace"],
+)
 def test_the_guard_denies_where_the_webhook_refuses_and_warns_where_it_warns(
     text: str, expected: dict[str, tuple[list[str], str | None, list[str] | None]]
 ) -> None:
