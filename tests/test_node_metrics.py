@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.regionwriter import Proc, Spec, plant, region
+from webhook.cluster.incluster import in_cluster
 
 GIB = 2**30
 STATUS = '{"containers":{"main":{"memory":"4096m"}},"demand":"4GiB"}'
@@ -34,7 +36,9 @@ def _pods(path: Path, *names: tuple[str, str]) -> None:
 
 
 class Agent:
-    def __init__(self, tmp: Path, *flags: str, listen: str = "") -> None:
+    def __init__(
+        self, tmp: Path, *flags: str, listen: str = "", env: dict[str, str] | None = None
+    ) -> None:
         self.port = free_port()
         self.host = "127.0.0.1"
         if listen:
@@ -47,6 +51,7 @@ class Agent:
                 [*command, "--listen", f"{self.host}:{self.port}", *flags],
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
             )
 
     def scrape(self) -> str:
@@ -154,3 +159,25 @@ def test_flags_that_cannot_be_used_get_one_line_and_exit_2(flags: list[str], mes
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()
     assert message in line
+
+
+def test_outside_a_pod_there_is_no_in_cluster_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No service host, or no token: the agent needs --kubeconfig (webhook.cluster.incluster);
+    a CA it cannot use is one line. (tests/apiserver/test_top.py lists pods in-cluster.)"""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    (tmp_path / "token").write_text("t")
+    assert in_cluster(str(tmp_path)) is None
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    assert in_cluster(str(tmp_path / "elsewhere")) is None  # no token there
+    agent_env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook", "node", "metrics", "--pods-dir", str(tmp_path),
+         "--node", "n", "--service-account", str(tmp_path), "--listen", "127.0.0.1:1"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, **agent_env},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith("gpushare-webhook: the service account's CA in"), done.stderr
+    assert len(done.stderr.splitlines()) == 1

@@ -14,6 +14,7 @@ proxy, as it does in a cluster, and as a kubectl plugin too.
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -118,10 +119,23 @@ def test_top_reads_the_node_agent_through_the_pod_proxy(
     plant(pods_dir, train["metadata"]["uid"], "main", region(Spec(procs=used)))
     plant(pods_dir, rogue["metadata"]["uid"], "main", region(Spec(limits=[32 * GIB], procs=used)))
     port = free_port()
+    # As in its pod: the node agent's service account token and the cluster's CA where
+    # the kubelet mounts them, the API server's address in the environment.
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    token = installed.plane.kubectl(
+        "create", "token", "gpushare-webhook-node-agent", "-n", NS, "--duration=1h"
+    ).stdout.strip()
+    (account / "token").write_text(token)
+    shutil.copy(installed.plane.ca, account / "ca.crt")
+    pod_env = {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(installed.plane.port),
+    }
     agent = Agent(
         tmp_path,
-        "--pods-dir", str(pods_dir), "--node", NODE, "--kubeconfig", kubeconfig,
-        listen=f"{address}:{port}",
+        "--pods-dir", str(pods_dir), "--node", NODE, "--service-account", str(account),
+        listen=f"{address}:{port}", env=pod_env,
     )  # fmt: skip
     try:
         scraped = agent.scrape()

@@ -13,8 +13,6 @@ import re
 from typing import NoReturn, TypeAlias
 
 from webhook import __version__
-from webhook.cli.top import add_agent_arguments
-from webhook.cli.top import add_arguments as add_top
 
 EXIT_OK, EXIT_REJECTED, EXIT_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -249,12 +247,18 @@ def _report_command(sub: Commands) -> None:
     )
     report.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
     report.add_argument("--context", help="kubeconfig context")
+    from webhook.cli.top import add_agent_arguments  # it reads the policy: imported when used
+
     add_agent_arguments(report)  # what each pod uses, from the node agents
 
 
 def _top_command(sub: Commands) -> None:
     """``top`` and its flags (``webhook.cli.top`` owns them)."""
-    add_top(sub.add_parser("top", help="GPU memory per node, GPU and pod: reserved, limit, used"))
+    from webhook.cli.top import add_arguments
+
+    add_arguments(
+        sub.add_parser("top", help="GPU memory per node, GPU and pod: reserved, limit, used")
+    )
 
 
 def _certs_command(sub: Commands) -> None:

@@ -149,8 +149,3 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
         parser = actions.add_parser(action.name, help=action.help)
         action.add_arguments(parser)
         parser.set_defaults(node_run=action.run)
-
-
-def cmd_node(args: argparse.Namespace) -> int:
-    action: Callable[[argparse.Namespace], int] = args.node_run
-    return action(args)

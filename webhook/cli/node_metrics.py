@@ -26,6 +26,7 @@ NAMES = ("gpushare", "hami")  # webhook.node.exporter.Names, imported only when 
 NODE_ENV = "NODE_NAME"  # the downward API's spec.nodeName, as the DaemonSet sets it
 DEFAULT_PODS_DIR = "/var/lib/kubelet/pods"
 DEFAULT_LISTEN = "0.0.0.0:9394"  # HAMi's vGPU monitor's port, so its scrape configs carry over
+SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the kubelet mounts it
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="list this node's pods again after this long (default: %(default)s)",
     )
+    parser.add_argument(
+        "--service-account",
+        default=SERVICE_ACCOUNT,
+        metavar="DIR",
+        help="in a pod, its service account's token and ca.crt (default: %(default)s)",
+    )
     parser.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
     parser.add_argument("--context", help="kubeconfig context")
 
@@ -91,7 +98,13 @@ def _from_file(path: str) -> PodLister:
 def _from_api(args: argparse.Namespace) -> PodLister:
     if not args.node:
         raise InputError(f"no node name: pass --node or set {NODE_ENV} (the downward API)")
-    from webhook.cluster import kube  # the kubernetes client only when the API is used
+    if args.kubeconfig is None and args.context is None:
+        from webhook.cluster import incluster  # the standard library only: no kubernetes client
+
+        source = incluster.in_cluster(args.service_account)
+        if source is not None:
+            return lambda: incluster.list_node_pods(source, args.node)
+    from webhook.cluster import kube  # the kubernetes client, outside a pod
     from webhook.cluster.nodepods import list_node_pods
 
     api = kube.api_client(args.kubeconfig, args.context, retries=0)

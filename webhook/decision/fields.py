@@ -13,6 +13,11 @@ from typing import Any
 
 from webhook.errors import ShapeError
 
+# What the webhook records on each pod it sets up (the limits it pinned), read back by
+# the report and the node agent. NB: here, in a module of the standard library only,
+# so that the agent reads it without loading the policy's YAML.
+STATUS_ANNOTATION = "gpushare-webhook.io/status"
+
 CONTAINER_KINDS = ("initContainers", "containers")
 EMPTY: Mapping[str, Any] = {}  # never handed out to be changed
 

@@ -19,7 +19,8 @@ from typing import Any
 from webhook.decision import jsontext, patch
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.checks import mount_key
-from webhook.decision.layout import PRELOAD, STATUS_ANNOTATION, Layout
+from webhook.decision.fields import STATUS_ANNOTATION
+from webhook.decision.layout import PRELOAD, Layout
 from webhook.decision.patch import EnvVar, Op
 from webhook.decision.policy import Policy
 

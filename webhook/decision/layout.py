@@ -31,7 +31,6 @@ ACCOUNTING_VOLUME = "gpushare-accounting"
 # Room for 16 whole regions (contract.REGION_BYTES each): past its sizeLimit
 # the kubelet evicts the pod, and sparse regions never come near it.
 ACCOUNTING_SIZE = "32Mi"
-STATUS_ANNOTATION = "gpushare-webhook.io/status"
 PRELOAD = "LD_PRELOAD"
 
 

@@ -18,8 +18,8 @@ from typing import Any, Literal, NamedTuple
 from webhook.decision import affinity, checks, inject
 from webhook.decision.asks import ContainerAsk, collect_asks
 from webhook.decision.capacity import GpuLimits, limits_from_policy
-from webhook.decision.fields import CONTAINER_KINDS, each_container, mapping
-from webhook.decision.layout import STATUS_ANNOTATION, layout
+from webhook.decision.fields import CONTAINER_KINDS, STATUS_ANNOTATION, each_container, mapping
+from webhook.decision.layout import layout
 from webhook.decision.patch import Op, plain
 from webhook.decision.policy import Policy
 from webhook.errors import PodError, ShapeError

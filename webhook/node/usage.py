@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from webhook.decision.layout import STATUS_ANNOTATION
+from webhook.decision.fields import STATUS_ANNOTATION
 from webhook.node.regions import Device, Region, Skip, Skipped, read
 
 VOLUME = "gpushare-accounting"

@@ -34,8 +34,7 @@ import jsonpatch
 
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.capacity import gpu_node
-from webhook.decision.fields import container_label
-from webhook.decision.layout import STATUS_ANNOTATION
+from webhook.decision.fields import STATUS_ANNOTATION, container_label
 from webhook.decision.nodes import NodeView, facts_of
 from webhook.decision.plan import Decision, is_gpu_pod, plan
 from webhook.decision.policy import Policy
