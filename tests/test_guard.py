@@ -203,6 +203,7 @@ def test_the_guard_denies_where_the_webhook_refuses_and_warns_where_it_warns(
         assert spec["policyName"] == "gpushare-webhook-guard"
         selector = spec.get("matchResources", {}).get("namespaceSelector", {})
         (expression,) = selector.get("matchExpressions", [{}])
+        assert expression.get("key", "kubernetes.io/metadata.name") == "kubernetes.io/metadata.name"
         found[binding["metadata"]["name"]] = (
             spec["validationActions"],
             expression.get("operator"),
@@ -212,13 +213,14 @@ def test_the_guard_denies_where_the_webhook_refuses_and_warns_where_it_warns(
 
 
 def test_the_guard_skips_what_the_webhook_skips() -> None:
-    (policy, *_) = guard(parse_policy_text("excludeNamespaces: [kube-system, batch]\n"))
+    policy_text = "excludeNamespaces: [kube-system, batch]\n"
+    (policy, *_) = guard(parse_policy_text(policy_text), also_excluded=["monitoring"])
     selector = policy["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"]
     assert selector == [
         {
             "key": "kubernetes.io/metadata.name",
             "operator": "NotIn",
-            "values": ["batch", "gpushare-system", "kube-system"],
+            "values": ["batch", "gpushare-system", "kube-system", "monitoring"],
         },
         {"key": "gpushare-webhook.io/injection", "operator": "NotIn", "values": ["disabled"]},
     ]
