@@ -360,11 +360,21 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
+# The shipped policy places GPU pods only where the node agent labelled the node.
+SHIM = {"gpushare-webhook.io/shim": "0123456789ab"}
+
+
 def _put_nodes(core: client.CoreV1Api, count: int) -> None:
-    """``count`` fake GPU nodes, made at once, then waited for (Ready, untainted)."""
+    """``count`` fake GPU nodes, made at once, each labelled as its node agent would; then
+    waited for (Ready, untainted)."""
     for number in range(count):
         scheduling.put_gpu_node(
-            core.api_client, f"gpu-{number:03d}", gpus=GPUS, memory=GPU_GIB, wait=False
+            core.api_client,
+            f"gpu-{number:03d}",
+            gpus=GPUS,
+            memory=GPU_GIB,
+            labels=SHIM,
+            wait=False,
         )
     deadline = time.monotonic() + 120
     while True:
