@@ -360,10 +360,6 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-# The shipped policy places GPU pods only where the node agent labelled the node.
-SHIM = {"gpushare-webhook.io/shim": "0123456789ab"}
-
-
 def _put_nodes(core: client.CoreV1Api, count: int) -> None:
     """``count`` fake GPU nodes, made at once, each labelled as its node agent would; then
     waited for (Ready, untainted)."""
@@ -373,7 +369,7 @@ def _put_nodes(core: client.CoreV1Api, count: int) -> None:
             f"gpu-{number:03d}",
             gpus=GPUS,
             memory=GPU_GIB,
-            labels=SHIM,
+            labels=scheduling.SHIM_LABELS,  # the shipped policy asks for the agent's label
             wait=False,
         )
     deadline = time.monotonic() + 120

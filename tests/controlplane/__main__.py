@@ -72,7 +72,10 @@ def main() -> int:
                 if isinstance(plane, scheduling.SchedulingPlane):
                     api = api_client(plane.kubeconfig)
                     for number in range(1, options.nodes + 1):
-                        scheduling.put_gpu_node(api, f"gpu-{number}", gpus=4, memory=16)
+                        # Labelled as the node agent would: the shipped policy asks for it.
+                        scheduling.put_gpu_node(
+                            api, f"gpu-{number}", gpus=4, memory=16, labels=scheduling.SHIM_LABELS
+                        )
                     print(
                         f"kube-scheduler ({options.scheduler}) calls the extender at "
                         f"{plane.extender_url}; {options.nodes} fake nodes of 4 GPUs x 16 GiB "

@@ -225,6 +225,10 @@ class SchedulingPlane(ControlPlane):
             return None
 
 
+# What the node agent sets on a node where it installed the shim (docs/node-agent.md).
+SHIM_LABELS = {"gpushare-webhook.io/shim": "0123456789ab"}
+
+
 def put_gpu_node(
     api: client.ApiClient,
     name: str,
