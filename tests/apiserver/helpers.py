@@ -49,19 +49,26 @@ def pod_manifest(
 def create_namespace(
     api: client.ApiClient, name: str, labels: dict[str, str] | None = None
 ) -> None:
+    """A fresh namespace ``name``: one left by an earlier test is deleted and waited for
+    (a namespace being deleted refuses new pods), then made anew."""
     core = client.CoreV1Api(api)
     with contextlib.suppress(ApiException):
         core.delete_namespace(name)
+
+    def gone() -> bool:
+        try:
+            core.read_namespace(name)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    eventually(gone, timeout=120)
     body = {
         "apiVersion": "v1",
         "kind": "Namespace",
         "metadata": {"name": name, "labels": labels or {}},
     }
-    try:
-        core.create_namespace(body)
-    except ApiException as error:
-        if error.status != 409:
-            raise
+    core.create_namespace(body)
 
 
 def wait_for_service_account(api: client.ApiClient, namespace: str) -> None:

@@ -58,11 +58,7 @@ def cmd_report(
     report = build_report(sort_objects(items, source), policy, now=clock(), usage=usage)
     if notes:
         report = dataclasses.replace(report, notes=(*notes, *report.notes))
-    if args.output == "json":
-        json.dump(as_json(report), stdout, indent=2)
-        stdout.write("\n")
-    else:
-        stdout.write(as_table(report))
+    emit(args.output, lambda: as_json(report), lambda: as_table(report), stdout)
     return EXIT_OK if report.clean else EXIT_REJECTED
 
 
@@ -100,17 +96,16 @@ def _from_cluster(args: argparse.Namespace) -> tuple[list[Any], Policy, list[str
     except KubeError as error:  # the agents cannot be listed: the rest of the report stands
         notes.append(f"GPU use not read: {error}")
         usage = {}
-    items, policy, notes = _with_policy(api, args, items, notes)
-    return items, policy, notes, usage
+    return items, cluster_policy(api, args, notes), notes, usage
 
 
-def _with_policy(
-    api: Any, args: argparse.Namespace, items: list[Any], notes: list[str]
-) -> tuple[list[Any], Policy, list[str]]:
+def cluster_policy(api: Any, args: argparse.Namespace, notes: list[str]) -> Policy:
+    """``--policy``'s file, else the policy ConfigMap's; the built-in one, with a note, when
+    the ConfigMap cannot be read (for ``report`` and ``top``)."""
     from webhook.cluster import inventory
 
     if args.policy:
-        return items, read_policy(Path(args.policy)), notes
+        return read_policy(Path(args.policy))
     namespace, _, name = args.policy_configmap.partition("/")
     if not name:
         raise InputError(f"--policy-configmap {args.policy_configmap!r}: expected NAMESPACE/NAME")
@@ -120,5 +115,14 @@ def _with_policy(
             f"the policy ConfigMap {args.policy_configmap} could not be read: judged by the "
             "built-in defaults (give --policy FILE to judge by another)"
         )
-        return items, DEFAULT_POLICY, notes
-    return items, parse_policy_text(text, source=f"ConfigMap {args.policy_configmap}"), notes
+        return DEFAULT_POLICY
+    return parse_policy_text(text, source=f"ConfigMap {args.policy_configmap}")
+
+
+def emit(output: str, data: Callable[[], Any], text: Callable[[], str], stdout: TextIO) -> None:
+    """The answer as JSON (``--output json``) or as the table a person reads."""
+    if output == "json":
+        json.dump(data(), stdout, indent=2)
+        stdout.write("\n")
+    else:
+        stdout.write(text())

@@ -10,13 +10,9 @@ pods could not be asked or a region was tampered with; 2 on an error.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
 from webhook.errors import InputError, KubeError
-from webhook.serving.runtime import read_policy
 
 if TYPE_CHECKING:
     from webhook.node.scraped import Used
@@ -66,22 +62,6 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _policy(api: Any, args: argparse.Namespace) -> Policy:
-    from webhook.cluster import inventory
-
-    if args.policy:
-        return read_policy(Path(args.policy))
-    namespace, _, name = args.policy_configmap.partition("/")
-    if not name:
-        raise InputError(f"--policy-configmap {args.policy_configmap!r}: expected NAMESPACE/NAME")
-    text = inventory.read_policy_text(api, namespace, name)
-    return (
-        DEFAULT_POLICY
-        if text is None
-        else parse_policy_text(text, source=f"ConfigMap {args.policy_configmap}")
-    )
-
-
 def agent_reports(api: Any, args: argparse.Namespace) -> dict[str, list[Used] | str]:
     """Per node: what its agent reports, or why it could not be read."""
     from webhook.cluster.nodepods import agent_metrics, list_pods
@@ -104,17 +84,14 @@ def agent_reports(api: Any, args: argparse.Namespace) -> dict[str, list[Used] | 
 
 def cmd_top(args: argparse.Namespace, stdout: TextIO) -> int:
     from webhook.cli.args import EXIT_OK, EXIT_REJECTED
+    from webhook.cli.report import cluster_policy, emit
     from webhook.cluster import kube
     from webhook.cluster.nodepods import list_pods
     from webhook.report.top import as_json, as_table, build_top
 
     api = kube.api_client(args.kubeconfig, args.context)
-    policy = _policy(api, args)
+    policy = cluster_policy(api, args, [])
     pods = list_pods(api, namespace=args.namespace)
     top = build_top(pods, policy, agent_reports(api, args))
-    if args.output == "json":
-        json.dump(as_json(top), stdout, indent=2)
-        stdout.write("\n")
-    else:
-        stdout.write(as_table(top))
+    emit(args.output, lambda: as_json(top), lambda: as_table(top), stdout)
     return EXIT_OK if top.clean else EXIT_REJECTED
