@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -159,6 +160,27 @@ def test_flags_that_cannot_be_used_get_one_line_and_exit_2(flags: list[str], mes
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()
     assert message in line
+
+
+def test_a_port_it_cannot_listen_on_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    pods = tmp_path / "pods.json"
+    _pods(pods)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        for listen, message in (
+            (f"127.0.0.1:{taken}", f"port {taken} is already in use"),
+            ("192.0.2.1:9", "--listen 192.0.2.1:9: cannot listen there"),  # not this host's
+        ):
+            done = subprocess.run(
+                [sys.executable, "-m", "webhook", "node", "metrics", "--pods-dir", str(tmp_path),
+                 "--node", "n", "--pods-from", str(pods), "--listen", listen],
+                capture_output=True, check=False, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 2
+            (line,) = done.stderr.splitlines()
+            assert message in line
 
 
 def test_outside_a_pod_there_is_no_in_cluster_view(

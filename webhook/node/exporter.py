@@ -11,6 +11,7 @@ uid it does not know, at most every ``refresh`` seconds.
 from __future__ import annotations
 
 import enum
+import errno
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -21,7 +22,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from webhook.errors import WebhookError
+from webhook.errors import InputError, WebhookError
 from webhook.node.regions import LAYOUT, Skip
 from webhook.node.usage import Pod, Sample, Scan, index, scan
 
@@ -172,7 +173,15 @@ def serve(collector: RegionCollector, host: str, port: int) -> None:
     """Serve ``/metrics`` on ``host:port`` until interrupted."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as error:  # a busy port, an address not on this host: one line, no traceback
+        if error.errno == errno.EADDRINUSE:
+            raise InputError(
+                f"--listen {host}:{port}: port {port} is already in use (by another program, or "
+                "another node agent); stop it or choose another port"
+            ) from None
+        raise InputError(f"--listen {host}:{port}: cannot listen there ({error})") from None
     log.info("serving node metrics on %s:%d from %s", host, port, collector.pods_dir)
     try:
         thread.join()
