@@ -20,8 +20,9 @@ import pytest
 import yaml
 
 from tests.helpers import container, env_of, pod
-from webhook.cli import build_parser, cmd_mutate, main
+from webhook.cli import build_parser, main
 from webhook.cli.args import SERVE_DEFAULTS
+from webhook.cli.offline import cmd_mutate
 from webhook.errors import InputError
 from webhook.serving.server import ServeOptions
 

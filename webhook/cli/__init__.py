@@ -13,24 +13,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from webhook.cli.args import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, OneLineParser, build_parser
 from webhook.errors import WebhookError
 
-__all__ = ["build_parser", "cmd_mutate", "kubectl_plugin", "main"]
+__all__ = ["build_parser", "kubectl_plugin", "main"]
 
 # NB: each command's module is imported when it runs, not here: the node agent's
 # metrics process (node metrics) then holds its own modules only, about 4 MiB less
 # than all of the CLI's (bench/run.py --node).
 METRICS = ["node", "metrics"]
-
-
-def cmd_mutate(*args: Any) -> int:
-    from webhook.cli.offline import cmd_mutate as run
-
-    return run(*args)
 
 
 def kubectl_plugin() -> int:
@@ -57,6 +50,8 @@ def _run(args: argparse.Namespace) -> int:
 
         return cmd_serve(args)
     if args.command == "mutate":
+        from webhook.cli.offline import cmd_mutate
+
         return cmd_mutate(args, sys.stdin, sys.stdout, sys.stderr)
     if args.command == "report":
         from webhook.cli.report import cmd_report
@@ -75,8 +70,8 @@ def _run(args: argparse.Namespace) -> int:
 
         return cmd_top(args, sys.stdout)
     if args.command == "node":
-        run: Any = args.node_run  # the action's function (webhook.cli.node.ACTIONS)
-        return int(run(args))
+        run: Callable[[argparse.Namespace], int] = args.node_run  # webhook.cli.node.ACTIONS
+        return run(args)
     return EXIT_INPUT  # pragma: no cover - argparse requires a command
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from webhook.cluster.incluster import SERVICE_ACCOUNT  # the standard library only
 from webhook.errors import InputError
 
 if TYPE_CHECKING:
@@ -26,7 +27,6 @@ NAMES = ("gpushare", "hami")  # webhook.node.exporter.Names, imported only when 
 NODE_ENV = "NODE_NAME"  # the downward API's spec.nodeName, as the DaemonSet sets it
 DEFAULT_PODS_DIR = "/var/lib/kubelet/pods"
 DEFAULT_LISTEN = "0.0.0.0:9394"  # HAMi's vGPU monitor's port, so its scrape configs carry over
-SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the kubelet mounts it
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -74,16 +74,13 @@ Usage = dict[tuple[str, str], int]
 def _usage(api: Any, args: argparse.Namespace, notes: list[str]) -> Usage:
     """GPU memory used per pod (namespace, name), as the node agents report it."""
     from webhook.cli.top import agent_reports
+    from webhook.report.top import used_by_pod
 
-    usage: Usage = {}
-    for node, report in sorted(agent_reports(api, args).items()):
+    reports = agent_reports(api, args)
+    for node, report in sorted(reports.items()):
         if isinstance(report, str):  # one node's agent away: the others still count
             notes.append(f"node {node}: GPU use not read ({report})")
-            continue
-        for row in report:
-            key = (row.namespace, row.pod)
-            usage[key] = usage.get(key, 0) + row.used_bytes
-    return usage
+    return used_by_pod(reports)
 
 
 def _from_cluster(args: argparse.Namespace) -> tuple[list[Any], Policy, list[str], Usage]:

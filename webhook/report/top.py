@@ -64,6 +64,16 @@ def _bound_gpu_pod(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | No
     return str(node), annotations
 
 
+def used_by_pod(reports: Mapping[str, list[Used] | str]) -> dict[tuple[str, str], int]:
+    """GPU memory used per pod (namespace, name), over its containers and devices, from the
+    nodes whose agents answered (``top``, and ``report``'s used column)."""
+    used: dict[tuple[str, str], int] = {}
+    for found in reports.values():
+        for row in found if isinstance(found, list) else ():
+            used[row.namespace, row.pod] = used.get((row.namespace, row.pod), 0) + row.used_bytes
+    return used
+
+
 def build_top(
     objects: Iterable[Mapping[str, Any]],
     policy: Policy,
@@ -71,13 +81,13 @@ def build_top(
 ) -> Top:
     """``reports``: per node, what its agent reported, or why it could not be asked."""
     unit = UNIT_MIB[policy.memory_unit] * 2**20
-    used: dict[tuple[str, str], int] = {}
-    tampered: set[tuple[str, str]] = set()
-    for found in reports.values():
-        for row in found if isinstance(found, list) else ():
-            used[row.namespace, row.pod] = used.get((row.namespace, row.pod), 0) + row.used_bytes
-            if row.tampered:
-                tampered.add((row.namespace, row.pod))
+    used = used_by_pod(reports)
+    tampered = {
+        (row.namespace, row.pod)
+        for found in reports.values()
+        for row in (found if isinstance(found, list) else ())
+        if row.tampered
+    }
     pods: list[TopPod] = []
     for obj in objects:
         bound = _bound_gpu_pod(obj)
