@@ -70,10 +70,10 @@ def _asks(resource: str, c: str = "c") -> str:
     )
 
 
-def _ask(resource: str) -> str:
+def _ask(resource: str, c: str = "c") -> str:
     return (
-        f"quantity(has(c.resources.limits) && {resource} in c.resources.limits ? "
-        f"c.resources.limits[{resource}] : c.resources.requests[{resource}]).asInteger()"
+        f"quantity(has({c}.resources.limits) && {resource} in {c}.resources.limits ? "
+        f"{c}.resources.limits[{resource}] : {c}.resources.requests[{resource}]).asInteger()"
     )
 
 
@@ -105,7 +105,7 @@ _WANT = (
     f"variables.countFromResource && {_asks('variables.countResource')} ? "
     f"{_ask('variables.countResource')} : variables.podGpus)}})"
     ".map(w, {'c': w.c, 'gpus': w.gpus, 'mib': dyn(string("
-    + _ask("variables.resource").replace("c.", "w.c.")
+    + _ask("variables.resource", "w.c")
     + " * variables.mibPerUnit / (variables.perDevice ? 1 : w.gpus)) + 'm')})"
 )
 # NB: a constant pattern, which the API server compiles once with the policy; one
