@@ -13,6 +13,7 @@ with a note, rather than failing the report.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
@@ -66,21 +67,31 @@ def read_objects(api: client.ApiClient, *, namespace: str = "") -> tuple[list[An
     where = f"in namespace {namespace}" if namespace else "in all namespaces"
     for kind in KINDS:
         objects += _read(api, kind, namespace, f"{kind[2]} {where}")
-    notes = []
-    try:
-        objects += _read(api, ("v1", "Node", "nodes"), "", "nodes")
-    except KubeError as error:
-        if not str(error).startswith("forbidden"):
-            raise
-        note = "nodes could not be read (forbidden to list nodes): no per-node part, and GPU "
-        notes.append(note + "sizes come from the policy's gpuMemory")
-    try:  # the controllers' refused creates: what the guard refused (webhook.report.refused)
-        objects += _read(api, EVENTS, namespace, f"events {where}", selector=FAILED_CREATE)
-    except KubeError as error:
-        if not str(error).startswith("forbidden"):
-            raise
-        notes.append("events could not be read (forbidden to list events): no guard refusals")
+    notes: list[str] = []
+    objects += _unless_forbidden(
+        lambda: _read(api, ("v1", "Node", "nodes"), "", "nodes"),
+        notes,
+        "nodes could not be read (forbidden to list nodes): no per-node part, and GPU "
+        "sizes come from the policy's gpuMemory",
+    )
+    # The controllers' refused creates: what the guard refused (webhook.report.refused).
+    objects += _unless_forbidden(
+        lambda: _read(api, EVENTS, namespace, f"events {where}", selector=FAILED_CREATE),
+        notes,
+        "events could not be read (forbidden to list events): no guard refusals",
+    )
     return objects, notes
+
+
+def _unless_forbidden(read: Callable[[], list[Any]], notes: list[str], note: str) -> list[Any]:
+    """What ``read`` lists; nothing, and ``note`` in ``notes``, when that list is forbidden."""
+    try:
+        return read()
+    except KubeError as error:
+        if not str(error).startswith("forbidden"):
+            raise
+        notes.append(note)
+        return []
 
 
 def _read(
