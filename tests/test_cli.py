@@ -418,6 +418,12 @@ def test_the_command_summary_lists_every_option() -> None:
             "but got '<stream end>' (while parsing a flow mapping)",
         ),
         ("---\n", "standard input holds no documents"),
+        (
+            # PyYAML would keep the second name; the API server refuses both.
+            '{"kind": "Pod", "metadata": {"name": "a", "name": "b"}}',
+            "standard input is not valid YAML or JSON: line 1, column 43: "
+            "key 'name' appears twice in one mapping",
+        ),
     ],
 )
 def test_unreadable_input_is_one_line_naming_where(text: str, message: str) -> None:

@@ -165,8 +165,10 @@ def test_one_namespace_and_a_clean_one() -> None:
          "item 1 (Pod) has no metadata.name"),
         ('{"kind": "List", "apiVersion": "v1", "items": [{"kind": "Pod", "apiVersion": "v1", '
          '"metadata": {"name": "p"}}]}', "item 1 (p) has no metadata.namespace"),
+        ('{"kind": "List", "apiVersion": "v1", "items": [], "items": []}',
+         "key 'items' appears twice in one mapping"),
     ],
-    ids=["empty", "truncated", "not-an-object", "no-kind", "no-name", "no-namespace"],
+    ids=["empty", "truncated", "not-an-object", "no-kind", "no-name", "no-namespace", "twice"],
 )  # fmt: skip
 def test_malformed_or_partial_input_is_one_line_and_exit_2(text: str, message: str) -> None:
     done = _report_of_stdin(text)

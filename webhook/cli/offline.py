@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -22,6 +23,27 @@ def _policy(path: str | None) -> Policy:
     return DEFAULT_POLICY if path is None else read_policy(Path(path))
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that holds one key twice.
+
+    PyYAML keeps the last of two, the API server refuses both (strict
+    field validation): a file a person wrote is read as the cluster would.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # the safe loader's own check refuses it, with its message
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_documents(
     path: str, stdin: TextIO, stderr: TextIO, *, what: str = "documents"
 ) -> list[Any]:
@@ -35,7 +57,7 @@ def read_documents(
     except (OSError, UnicodeDecodeError) as error:
         raise InputError(f"cannot read {path}: {error}") from None
     try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        documents = [doc for doc in yaml.load_all(text, Loader=_UniqueKeys) if doc is not None]
     except yaml.YAMLError as error:
         raise InputError(f"{name} is not valid YAML or JSON: {_yaml_problem(error)}") from None
     if not documents:
