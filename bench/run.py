@@ -48,8 +48,8 @@ from webhook import tls  # noqa: E402
 from webhook.decision.admission import admit, decide  # noqa: E402
 from webhook.decision.capacity import GpuNode  # noqa: E402
 from webhook.decision.decoding import decode  # noqa: E402
-from webhook.decision.nodes import NodeView  # noqa: E402
 from webhook.decision.policy import DEFAULT_POLICY  # noqa: E402
+from webhook.decision.prepared import Prepared  # noqa: E402
 from webhook.serving import logs  # noqa: E402
 from webhook.serving.app import log_admission  # noqa: E402
 
@@ -238,27 +238,28 @@ def decision_us(bodies: list[bytes], rounds: int) -> dict[str, float]:
         b for b in bodies if json.loads(b)["request"]["object"]["spec"]["containers"].__len__() == 8
     )
     # With --watch-nodes (as deployed) every pod is bounded by the nodes it may run on.
-    nodes = NodeView(
+    prepared = Prepared(DEFAULT_POLICY)  # as a server holds it: one, for as long as the policy
+    nodes = Prepared(
+        DEFAULT_POLICY,
         [
             GpuNode(f"gpu-{i}", 80 if i % 4 else 24, 8, {"pool": f"p{i % 4}", "host": f"gpu-{i}"})
             for i in range(500)
-        ]
+        ],
     )
-    # A view is what the server hands admit (a tuple of nodes would be answered as a bug).
-    assert admit(body, DEFAULT_POLICY, nodes).outcome == admit(body, DEFAULT_POLICY).outcome
+    assert admit(body, nodes).outcome == admit(body, prepared).outcome
     sample = bodies[::7]  # a seventh of the mix: every kind of review in its share
     requests = [decode(b)[1] for b in sample]
     _audit_lines_to(os.open(os.devnull, os.O_WRONLY))
-    answered = [admit(b, DEFAULT_POLICY) for b in sample]
+    answered = [admit(b, prepared) for b in sample]
     subjects: dict[str, Any] = {
-        "webhook": lambda: admit(body, DEFAULT_POLICY).encode(),
+        "webhook": lambda: admit(body, prepared).encode(),
         "floor": lambda: json.dumps(json.loads(body)).encode(),
-        "webhook_500_nodes": lambda: admit(body, DEFAULT_POLICY, nodes).encode(),
-        "mix": lambda: [admit(b, DEFAULT_POLICY).encode() for b in sample],
+        "webhook_500_nodes": lambda: admit(body, nodes).encode(),
+        "mix": lambda: [admit(b, prepared).encode() for b in sample],
         # Where a review of the mix goes: read, decided, and its log line.
         "mix_json_loads": lambda: [json.loads(b) for b in sample],
         "mix_read": lambda: [decode(b) for b in sample],
-        "mix_decide": lambda: [decide(r, DEFAULT_POLICY) for r in requests],
+        "mix_decide": lambda: [decide(r, prepared) for r in requests],
         "mix_log_line": lambda: [log_admission(r, 0.0001) for r in answered],
     }
     # Rounds of the subjects alternate, and each keeps its best: a machine

@@ -30,25 +30,6 @@ if MUTATION:
     settings.load_profile("mutation")
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Under mutation testing, forget what the decision worked out before each test.
-
-    mutmut runs each mutant's tests in a process forked from one that has
-    run the suite, and learns which tests reach a function by watching one
-    run of them all: a layout, a preload value or a policy's bounds
-    memoised by an earlier test would be served without its code running,
-    to the mutant and to the watching alike.
-    """
-    if not MUTATION:
-        return
-    for name, module in list(sys.modules.items()):
-        if name.startswith("webhook.decision") and module is not None:
-            for value in vars(module).values():
-                clear = getattr(value, "cache_clear", None)
-                if callable(clear):
-                    clear()
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the Go programs the collected tests use (helm, promtool) before the first test.

@@ -9,6 +9,7 @@ what the API server keeps whole.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -20,8 +21,8 @@ from webhook.decision import patch, responses
 from webhook.decision.admission import admit
 from webhook.decision.capacity import GpuLimits, GpuNode
 from webhook.decision.decoding import MAX_UID, decode
-from webhook.decision.nodes import NodeView
-from webhook.decision.policy import DEFAULT_POLICY, Policy
+from webhook.decision.policy import DEFAULT_POLICY
+from webhook.decision.prepared import Prepared
 from webhook.errors import ReviewError
 from webhook.reasons import Reason
 
@@ -65,7 +66,7 @@ def test_a_malformed_review_is_refused_with_what_is_wrong(data: bytes, message: 
     with pytest.raises(ReviewError) as caught:
         decode(data)
     assert str(caught.value) == message
-    result = admit(data, DEFAULT_POLICY)
+    result = admit(data, Prepared(DEFAULT_POLICY))
     assert (result.status, result.body, result.outcome) == (400, {"error": message}, "bad-request")
     assert result.encode() == json.dumps({"error": message}, separators=(",", ":")).encode()
 
@@ -89,7 +90,7 @@ def test_a_body_is_read_as_json_loads_reads_bytes(encoding: str) -> None:
     text = json.dumps(envelope, ensure_ascii=False)
     data = text.encode(encoding, "surrogatepass")
     assert decode(data) == decode(json.dumps(envelope).encode())
-    result = admit(data, DEFAULT_POLICY)
+    result = admit(data, Prepared(DEFAULT_POLICY))
     assert (result.status, result.uid, result.outcome) == (200, "uid-\ud800", "mutated")
     assert b'"uid":"uid-\\ud800"' in result.encode()
 
@@ -97,7 +98,7 @@ def test_a_body_is_read_as_json_loads_reads_bytes(encoding: str) -> None:
 def test_a_key_given_twice_is_read_as_json_loads_reads_it() -> None:
     """The API server never sends one; the check for it is made where a person's file is read."""
     data = b'{"b": 0, "a": 1, "a": 2}'
-    with pytest.raises(ReviewError, match="^kind is missing"):
+    with pytest.raises(ReviewError, match=r"^kind is missing"):
         decode(data)
     envelope = json.dumps(review(pod(container(gpu="4"))))
     twice = envelope.replace('"uid": ', '"uid": "first", "uid": ', 1).encode()
@@ -128,7 +129,7 @@ def test_the_answer_names_the_pod_for_the_log(
     envelope = review(obj, namespace="")
     envelope["request"]["name"] = request_name
     envelope["request"]["dryRun"] = True
-    result = admit(json.dumps(envelope).encode(), DEFAULT_POLICY)
+    result = admit(json.dumps(envelope).encode(), Prepared(DEFAULT_POLICY))
     assert (result.uid, result.namespace, result.name) == (UID, "", name)
     assert result.dry_run is True
     assert (result.status, result.outcome, result.error, result.trace) == (200, "mutated", "", "")
@@ -137,20 +138,20 @@ def test_the_answer_names_the_pod_for_the_log(
 def test_an_object_that_is_not_a_mapping_is_named_by_the_request() -> None:
     envelope = review("pod", namespace="team-a")
     envelope["request"]["name"] = "train"
-    result = admit(json.dumps(envelope).encode(), DEFAULT_POLICY)
+    result = admit(json.dumps(envelope).encode(), Prepared(DEFAULT_POLICY))
     assert (result.namespace, result.name, result.dry_run) == ("team-a", "train", False)
     assert result.outcome == "rejected"
 
 
-class BrokenView(NodeView):
-    """A view whose bounds fail: a bug in the decision, which the real ones cannot make."""
+class Broken(Prepared):
+    """Bounds that fail: a bug in the decision, which the real ones cannot make."""
 
-    def limits(self, spec: Mapping[str, Any], policy: Policy) -> GpuLimits:
+    def limits(self, spec: Mapping[str, Any]) -> GpuLimits:
         raise RuntimeError("no bounds")
 
 
 def test_a_bug_is_answered_as_a_refusal_with_the_trace_for_the_log() -> None:
-    result = admit(body(dryRun=True), DEFAULT_POLICY, BrokenView())
+    result = admit(body(dryRun=True), Broken(DEFAULT_POLICY))
     message = (
         "gpushare-webhook internal error: RuntimeError while admitting the pod; "
         "see the webhook's log"
@@ -180,11 +181,13 @@ def test_a_bug_is_answered_as_a_refusal_with_the_trace_for_the_log() -> None:
 
 
 def test_the_view_note_is_a_warning_on_gpu_pods_only() -> None:
-    view = NodeView(note="GPU sizes come from the policy's gpuMemory (16 GiB): not read yet")
-    gpu = admit(body(), DEFAULT_POLICY, view).body["response"]
+    view = Prepared(
+        DEFAULT_POLICY, note="GPU sizes come from the policy's gpuMemory (16 GiB): not read yet"
+    )
+    gpu = admit(body(), view).body["response"]
     assert gpu["warnings"] == [view.note]
     plain = review(pod(container()))
-    untouched = admit(json.dumps(plain).encode(), DEFAULT_POLICY, view)
+    untouched = admit(json.dumps(plain).encode(), view)
     assert "warnings" not in untouched.body["response"]
     assert untouched.decision is not None
     assert untouched.decision.warnings == ()  # nor in the log line
@@ -224,12 +227,18 @@ def test_warnings_are_kept_whole_within_what_the_api_server_keeps(
 
 
 @pytest.mark.parametrize("with_patch", [True, False])
-def test_the_answer_is_written_as_the_json_encoder_would(with_patch: bool) -> None:
+def test_the_answer_is_written_once_as_the_json_encoder_would(with_patch: bool) -> None:
+    """Data until the wire: the patch, base64 of its ops' JSON, is written with the rest."""
     obj = pod(container(gpu="4")) if with_patch else pod(container())
-    result = admit(json.dumps(review(obj, version="v1beta1")).encode(), DEFAULT_POLICY)
-    assert ("patch" in result.body["response"]) is with_patch
-    expected = json.dumps(result.body, separators=(",", ":"), ensure_ascii=True).encode()
-    assert result.encode() == expected
+    result = admit(json.dumps(review(obj, version="v1beta1")).encode(), Prepared(DEFAULT_POLICY))
+    response = dict(result.body["response"])
+    assert ("patch" in response) is with_patch
+    if with_patch:
+        assert result.decision is not None
+        ops = json.dumps([dict(op) for op in result.decision.patch], separators=(",", ":"))
+        response["patch"] = base64.b64encode(ops.encode()).decode()
+    expected = json.dumps({**result.body, "response": response}, separators=(",", ":"))
+    assert result.encode() == expected.encode()
 
 
 @pytest.mark.parametrize(
@@ -248,9 +257,9 @@ def test_a_key_in_a_patch_path_is_escaped_as_json_pointer_says(token: str, escap
 
 def test_a_pod_whose_spec_is_not_an_object_is_placed_anywhere() -> None:
     # The view bounds it before the plan finds it is no GPU pod: no placement to read.
-    view = NodeView([GpuNode("a", 80, 2, {"pool": "a"})])
+    view = Prepared(DEFAULT_POLICY, [GpuNode("a", 80, 2, {"pool": "a"})])
     obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": ["containers"]}
-    result = admit(json.dumps(review(obj)).encode(), DEFAULT_POLICY, view)
+    result = admit(json.dumps(review(obj)).encode(), view)
     assert (result.outcome, result.decision and result.decision.reason) == (
         "untouched",
         "no-gpu-request",

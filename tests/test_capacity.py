@@ -11,14 +11,14 @@ import pytest
 from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node, placement_key, uncounted
 from webhook.decision.nodes import (
     NodeStatus,
-    NodeView,
     capacity_kept,
     decode_snapshot,
     encode_snapshot,
     facts_of,
-    view_of,
+    prepare,
 )
 from webhook.decision.policy import DEFAULT_POLICY, parse_policy
+from webhook.decision.prepared import Prepared
 from webhook.errors import SnapshotError
 
 
@@ -68,9 +68,9 @@ def test_nodes_without_a_count_are_named_where_the_scheduler_sees_no_gpu() -> No
     assert uncounted(facts, DEFAULT_POLICY) == ("countless",)
     assert uncounted(facts, parse_policy({"scheduler": "ack"})) == ()
     synced = NodeStatus(watching=True, tried=True, synced=True)
-    assert view_of(facts, synced, DEFAULT_POLICY).uncounted == ("countless",)
+    assert prepare(facts, synced, DEFAULT_POLICY).uncounted == ("countless",)
     # Only nodes without a count: the policy's size stands in, and the note says why.
-    alone = view_of(facts[1:], synced, DEFAULT_POLICY)
+    alone = prepare(facts[1:], synced, DEFAULT_POLICY)
     assert alone.nodes is None
     assert "no node reports both aliyun.com/gpu-mem and aliyun.com/gpu-count" in alone.note
 
@@ -160,23 +160,24 @@ def test_a_node_as_the_api_serves_it_becomes_its_facts() -> None:
 def test_a_view_says_why_the_policy_bounds_pods(
     status: NodeStatus, facts: tuple[NodeFacts, ...], note: str
 ) -> None:
-    view = view_of(facts, status, DEFAULT_POLICY)
+    view = prepare(facts, status, DEFAULT_POLICY)
     assert view.note == note
     assert (view.nodes is None) == bool(note)
     if not note:
         assert view.nodes == (GpuNode("a100-1", 80, 2, {"pool": "a100"}),)
 
 
-def test_a_view_remembers_a_bounded_number_of_placements() -> None:
-    view = NodeView([GpuNode("a", 80, 2, {"pool": "a"}), GpuNode("b", 16, 1, {"pool": "b"})])
-    first = view.limits({"nodeSelector": {"pool": "b"}}, DEFAULT_POLICY)
-    assert view.limits({"nodeSelector": {"pool": "b"}}, DEFAULT_POLICY) is first
-    for index in range(NodeView.MAX_PLACEMENTS - 1):
-        view.limits({"nodeSelector": {"pool": str(index)}}, DEFAULT_POLICY)
-    # Full: the next new placement starts the memory afresh.
-    assert len(view._bounds) == NodeView.MAX_PLACEMENTS
-    view.limits({"nodeSelector": {"pool": "new"}}, DEFAULT_POLICY)
-    assert len(view._bounds) == 1
+def test_a_prepared_policy_keeps_a_bounded_number_of_values() -> None:
+    nodes = [GpuNode("a", 80, 2, {"pool": "a"}), GpuNode("b", 16, 1, {"pool": "b"})]
+    prepared = Prepared(DEFAULT_POLICY, nodes)
+    first = prepared.limits({"nodeSelector": {"pool": "b"}})
+    assert prepared.limits({"nodeSelector": {"pool": "b"}}) is first
+    for index in range(Prepared.MEMO_KEPT - 1):
+        prepared.limits({"nodeSelector": {"pool": str(index)}})
+    # Full: the next new value starts the memo afresh.
+    assert len(prepared._memo) == Prepared.MEMO_KEPT
+    prepared.limits({"nodeSelector": {"pool": "new"}})
+    assert len(prepared._memo) == 1
 
 
 @pytest.mark.parametrize(

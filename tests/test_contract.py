@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 
 from tests.helpers import GPU, apply, container, examples, pod
 from webhook.decision import contract
-from webhook.decision.layout import ACCOUNTING_SIZE, PINNED_KEPT, layout
+from webhook.decision.layout import ACCOUNTING_SIZE, layout_of
 from webhook.decision.plan import plan
 from webhook.decision.policy import DEFAULT_POLICY, parse_policy_text
+from webhook.decision.prepared import Prepared
 from webhook.decision.quantities import parse_quantity
 
 ROOT = Path(__file__).parent.parent
@@ -106,7 +107,7 @@ def test_every_pinned_variable_holds_whatever_env_and_env_from_say(
     case: tuple[dict[str, Any], dict[str, dict[str, str]]],
 ) -> None:
     obj, sources = case
-    decision = plan(obj, POLICY)
+    decision = plan(obj, Prepared(POLICY))
     if not decision.allowed:
         # Only the fit may refuse these pods; never a variable the user set.
         assert decision.reason in {"exceeds-gpu", "exceeds-compute"}, decision.message
@@ -141,7 +142,7 @@ def test_every_pinned_variable_holds_whatever_env_and_env_from_say(
 
 def test_a_mount_over_the_override_file_is_refused() -> None:
     mounts = [{"name": "cfg", "mountPath": "/overrideEnv", "subPath": "env"}]
-    decision = plan(pod(container(gpu="4", volumeMounts=mounts)), DEFAULT_POLICY)
+    decision = plan(pod(container(gpu="4", volumeMounts=mounts)), Prepared(DEFAULT_POLICY))
     assert not decision.allowed
     assert decision.reason == "shim-mount"
     assert "/overrideEnv" in decision.message
@@ -150,7 +151,9 @@ def test_a_mount_over_the_override_file_is_refused() -> None:
 
 def test_no_override_file_means_no_second_volume() -> None:
     policy = parse_policy_text("shim: {overrideFile: ''}\n")
-    out = apply(pod(container(gpu="4")), list(plan(pod(container(gpu="4")), policy).patch))
+    out = apply(
+        pod(container(gpu="4")), list(plan(pod(container(gpu="4")), Prepared(policy)).patch)
+    )
     assert [v["name"] for v in out["spec"]["volumes"]] == ["gpushare-shim", "gpushare-accounting"]
 
 
@@ -164,25 +167,29 @@ def test_the_threat_model_lists_every_variable_the_shim_reads() -> None:
     )
 
 
-def test_pinned_values_are_made_once_per_layout_and_kept_within_a_bound() -> None:
-    """The pinned env of an ask is shared by every pod that asks the same (its JSON too)."""
-    shape = layout(DEFAULT_POLICY.shim, DEFAULT_POLICY.env, DEFAULT_POLICY.mib_per_unit)
-    first = shape.pinned("train", 4, 2, 50)
-    assert shape.pinned("train", 4, 2, 50) is first
-    assert [entry.data for entry in first.entries] == [
-        {"name": name, "value": value} for name, value in first.values.items()
+def test_the_pinned_entries_are_the_pinned_values_in_order() -> None:
+    pinned = layout_of(DEFAULT_POLICY).pin("train", 4, 2, 50)
+    assert list(pinned.entries) == [
+        {"name": name, "value": value} for name, value in pinned.values.items()
     ]
-    assert first.env.data == [
-        *(e.data for e in first.entries),
-        {"name": "LD_PRELOAD", "value": SHIM},
+    assert pinned.env == [
+        *pinned.entries,
+        {"name": "LD_PRELOAD", "value": DEFAULT_POLICY.shim.preload},
     ]
-    assert first.values["CUDA_DEVICE_MEMORY_LIMIT_1"] == "4096m"
-    assert first.values["CUDA_DEVICE_SM_LIMIT_1"] == "50"
-    for n in range(PINNED_KEPT + 1):
-        shape.pinned(f"c{n}", 1, 1, None)
-    assert len(shape._pinned) <= PINNED_KEPT
-    again = shape.pinned("train", 4, 2, 50)  # made again, the same
-    assert (again.values, again.env.data) == (first.values, first.env.data)
+    assert pinned.values["CUDA_DEVICE_MEMORY_LIMIT_1"] == "4096m"
+    assert pinned.values["CUDA_DEVICE_SM_LIMIT_1"] == "50"
+
+
+def test_a_prepared_policy_makes_the_pinned_values_of_an_ask_once() -> None:
+    """The pinned env of an ask is shared by every pod of the policy that asks the same."""
+    prepared = Prepared(DEFAULT_POLICY)
+    one, two = (
+        pod(container("train", gpu="4", env=[{"name": "A", "value": "B"}])) for _ in range(2)
+    )
+    first, second = (plan(obj, prepared).ops for obj in (one, two))
+    assert first == second
+    shared = [a.value for a, b in zip(first, second, strict=True) if a.value is b.value]
+    assert {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "4096m"} in shared
 
 
 def test_the_accounting_volume_holds_sixteen_whole_regions() -> None:

@@ -28,6 +28,7 @@ from tests.conftest import Server
 from tests.helpers import GPU, container, decode_patch, examples, pod, review
 from webhook.decision.admission import admit
 from webhook.decision.policy import DEFAULT_POLICY
+from webhook.decision.prepared import Prepared
 
 ROOT = Path(__file__).parent.parent
 GOLDEN = sorted((Path(__file__).parent / "golden").glob("*/request.json"))
@@ -57,7 +58,7 @@ QUANTITIES = st.sampled_from(
 
 def check_answer(request: dict[str, Any], body: bytes) -> None:
     """The invariants of one answer to ``request`` (already known to decode)."""
-    result = admit(body, DEFAULT_POLICY)
+    result = admit(body, Prepared(DEFAULT_POLICY))
     assert result.outcome != "error", result.error  # an internal failure is a bug
     encoded = result.encode().decode()
     assert "Traceback" not in encoded
@@ -65,7 +66,7 @@ def check_answer(request: dict[str, Any], body: bytes) -> None:
         assert set(result.body) == {"error"}
         return
     assert result.status == 200
-    response = result.body["response"]
+    response = json.loads(encoded)["response"]  # as it goes on the wire
     assert response["uid"] == request["request"]["uid"]
     assert isinstance(response["allowed"], bool)
     if not response["allowed"]:
@@ -142,16 +143,16 @@ def test_quantities_at_every_boundary(asks: list[tuple[str, Any]]) -> None:
 @settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=300) | JSON.map(lambda v: json.dumps(v).encode()))
 def test_arbitrary_bodies_are_400_or_answered(body: bytes) -> None:
-    result = admit(body, DEFAULT_POLICY)
+    result = admit(body, Prepared(DEFAULT_POLICY))
     assert result.status in (200, 400)
     assert result.outcome != "error"
 
 
 def test_deep_nesting_and_huge_arrays() -> None:
     deep = "[" * 100_000 + "]" * 100_000
-    assert admit(deep.encode(), DEFAULT_POLICY).status == 400
+    assert admit(deep.encode(), Prepared(DEFAULT_POLICY)).status == 400
     many = review(pod(*[container(f"c{i}", gpu="1") for i in range(2_000)]))
-    result = admit(json.dumps(many).encode(), DEFAULT_POLICY)
+    result = admit(json.dumps(many).encode(), Prepared(DEFAULT_POLICY))
     assert result.status == 200
     assert result.body["response"]["allowed"] is False  # 2000 GiB on one 16 GiB GPU
     env = review(

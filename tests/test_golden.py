@@ -20,6 +20,7 @@ import pytest
 from tests.helpers import apply, decode_patch
 from webhook.decision.admission import admit
 from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
+from webhook.decision.prepared import Prepared
 from webhook.preview import preview
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -57,24 +58,26 @@ def test_every_golden_file_is_used() -> None:
 def test_golden(case: Path) -> None:
     policy = _policy(case)
     request = json.loads((case / "request.json").read_text())
-    result = admit(json.dumps(request).encode(), policy)
-    got = readable(dict(result.body))
+    result = admit(json.dumps(request).encode(), Prepared(policy))
+    wire = json.loads(result.encode())  # the answer as it goes on the wire
+    got = readable(wire)
     expected_path = case / "response.json"
     if UPDATE:
         expected_path.write_text(json.dumps(got, indent=2, ensure_ascii=False) + "\n")
     assert expected_path.exists(), f"{case.name}: no response.json (run with GOLDEN_UPDATE=1)"
     assert got == json.loads(expected_path.read_text())
 
-    assert json.loads(result.encode()) == result.body  # what goes on the wire
-    response = result.body["response"]
+    response = wire["response"]
     assert response["uid"] == request["request"]["uid"]
-    assert result.body["apiVersion"] == request["apiVersion"]
+    assert wire["apiVersion"] == request["apiVersion"]
     ops = decode_patch(response)
     if ops:
         # Idempotence: the webhook's own output needs nothing more.
         mutated = apply(request["request"]["object"], ops)
         again = dict(request, request={**request["request"], "object": mutated})
-        second = admit(json.dumps(again).encode(), policy).body["response"]
+        second = json.loads(admit(json.dumps(again).encode(), Prepared(policy)).encode())[
+            "response"
+        ]
         assert second["allowed"] is True
         assert "patch" not in second, decode_patch(second)
 
@@ -111,7 +114,7 @@ def test_golden_through_the_preview(case: Path) -> None:
     if isinstance(pod.get("metadata"), dict) and namespace:
         # The review's namespace is the one the API server creates the pod in.
         pod["metadata"] = {**pod["metadata"], "namespace": namespace}
-    result = preview(pod, _policy(case), namespace=namespace)
+    result = preview(pod, Prepared(_policy(case)), namespace=namespace)
     assert result.decision is not None
     assert result.decision.allowed is expected["allowed"], result.decision.message
     if not expected["allowed"]:

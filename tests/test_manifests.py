@@ -27,6 +27,7 @@ from tests.helpers import container, pod
 from webhook.cli import build_parser
 from webhook.decision.admission import admit
 from webhook.decision.policy import DEFAULT_POLICY, parse_policy_text
+from webhook.decision.prepared import Prepared
 
 ROOT = Path(__file__).parent.parent
 OVERLAYS = {
@@ -239,7 +240,9 @@ def test_every_pod_the_webhook_would_change_or_refuse_is_sent(case: Path) -> Non
     obj = request["request"].get("object")
     if not isinstance(obj, dict) or not isinstance(obj.get("spec"), dict):
         pytest.skip("not a pod the API server would send")
-    response = admit(json.dumps(request).encode(), policy or DEFAULT_POLICY).body.get("response")
+    response = admit(json.dumps(request).encode(), Prepared(policy or DEFAULT_POLICY)).body.get(
+        "response"
+    )
     if response is None or (response["allowed"] and "patch" not in response):
         return  # left alone: whether it is sent does not matter
     (hook,) = find("default", "MutatingWebhookConfiguration")["webhooks"]

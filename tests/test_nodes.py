@@ -57,7 +57,7 @@ def start_with_one_node(api: FakeApi, watcher: nodes.NodeWatcher) -> None:
 
 
 def sizes(watcher: nodes.NodeWatcher) -> dict[str, int]:
-    return {n.name: n.gpu_memory for n in watcher.view(DEFAULT_POLICY).nodes or ()}
+    return {n.name: n.gpu_memory for n in watcher.prepared(DEFAULT_POLICY).nodes or ()}
 
 
 def test_a_broken_watch_resumes_without_a_new_list(
@@ -98,7 +98,7 @@ def test_unreachable_api_falls_back_to_the_policy_and_says_why(
                 r"\(\[Errno 111\] Connection refused\); trying again in [\d.e-]+ s",
                 record.getMessage(),
             ), record.getMessage()
-        view = watcher.view(DEFAULT_POLICY)
+        view = watcher.prepared(DEFAULT_POLICY)
         assert view.nodes is None
         assert view.note.startswith("GPU sizes come from the policy's gpuMemory (16 GiB)")
         assert "node list is not available" in view.note
@@ -119,7 +119,7 @@ def test_errors_keep_the_last_known_nodes_then_recover(
     eventually(lambda: "HTTP 500" in watcher.status().problem)
     assert not watcher.status().connected
     assert sizes(watcher) == {"a": 24}  # last good state, not the policy
-    assert watcher.view(DEFAULT_POLICY).note == ""
+    assert watcher.prepared(DEFAULT_POLICY).note == ""
     api.fail_next = 0
     eventually(lambda: sizes(watcher) == {"a": 24, "b": 40})
     eventually(lambda: watcher.status().connected and not watcher.status().problem)
@@ -134,7 +134,7 @@ def test_a_slow_api_does_not_block_reviews(
     watcher.request_timeout = 0.3  # the API answers slower than the watch waits
     watcher.start()
     started = time.monotonic()
-    view = watcher.view(DEFAULT_POLICY)  # answered at once, from what is known
+    view = watcher.prepared(DEFAULT_POLICY)  # answered at once, from what is known
     assert time.monotonic() - started < 0.1
     assert view.nodes is None
     eventually(lambda: "cannot reach" in watcher.status().problem)
@@ -163,16 +163,16 @@ def test_workers_follow_the_snapshot_and_keep_the_last_good_one(tmp_path: Path) 
     path = tmp_path / "nodes.json"
     write_snapshot(path, NodeStatus(watching=True, problem="node list not read yet"))
     shared = SharedNodes(path, interval=0)
-    assert shared.view(DEFAULT_POLICY).nodes is None
-    assert "node list not read yet" in shared.view(DEFAULT_POLICY).note
+    assert shared.prepared(DEFAULT_POLICY).nodes is None
+    assert "node list not read yet" in shared.prepared(DEFAULT_POLICY).note
     synced = NodeStatus(watching=True, tried=True, synced=True, connected=True, nodes=2)
     write_snapshot(path, synced, FACTS)
-    view = shared.view(DEFAULT_POLICY)
+    view = shared.prepared(DEFAULT_POLICY)
     assert [(n.name, n.gpu_memory) for n in view.nodes or ()] == [("a100-1", 80)]
-    assert shared.view(DEFAULT_POLICY) is view  # one view per snapshot and policy
+    assert shared.prepared(DEFAULT_POLICY) is view  # one view per snapshot and policy
     path.with_name("partial").write_bytes(b"{")  # a broken file: the last good one stays
     path.with_name("partial").replace(path)
-    assert shared.view(DEFAULT_POLICY) is view
+    assert shared.prepared(DEFAULT_POLICY) is view
     assert shared.status() == synced
 
 

@@ -18,8 +18,9 @@ from prometheus_client import Histogram
 from tests.helpers import container, pod, review, swap
 from webhook.decision.admission import admit
 from webhook.decision.capacity import GpuLimits, GpuNode
-from webhook.decision.nodes import NodeStatus, NodeView, NoNodes
+from webhook.decision.nodes import NodeStatus, NoNodes
 from webhook.decision.policy import DEFAULT_POLICY, Policy
+from webhook.decision.prepared import Prepared
 from webhook.serving import logs
 from webhook.serving.app import State, create_app
 from webhook.serving.metrics import BUCKETS, FLUSH_INTERVAL, Metrics
@@ -116,7 +117,7 @@ def test_tallied_durations_land_in_the_buckets_observe_would_use() -> None:
     expected = {s.labels["le"]: s.value for s in direct.collect()[0].samples if "le" in s.labels}
     source, nodes = PolicySource(), NoNodes()
     metrics = Metrics(source, nodes)
-    result = admit(json.dumps(review(pod(container(gpu="1")))).encode(), DEFAULT_POLICY)
+    result = admit(json.dumps(review(pod(container(gpu="1")))).encode(), Prepared(DEFAULT_POLICY))
     for seconds in durations:
         metrics.observe(result, seconds, fallback=False, policy=DEFAULT_POLICY)
     values = scrape(create_app(State(policy=source, nodes=nodes, metrics=metrics)).test_client())
@@ -131,7 +132,7 @@ def test_tallied_durations_land_in_the_buckets_observe_would_use() -> None:
 def test_tallied_reviews_reach_the_counters_without_a_scrape() -> None:
     source, nodes = PolicySource(), NoNodes()
     metrics = Metrics(source, nodes)
-    result = admit(json.dumps(review(pod(container(gpu="2")))).encode(), DEFAULT_POLICY)
+    result = admit(json.dumps(review(pod(container(gpu="2")))).encode(), Prepared(DEFAULT_POLICY))
     metrics.observe(result, 0.001, fallback=False, policy=DEFAULT_POLICY)
     deadline = time.monotonic() + 5 * FLUSH_INTERVAL
     while metrics.memory.labels("team-a")._value.get() == 0 and time.monotonic() < deadline:
@@ -158,11 +159,11 @@ def test_a_refused_policy_shows_as_stale_until_fixed(tmp_path: Path) -> None:
 class Fixed:
     """A node source with a fixed answer, for the app's side of the seam."""
 
-    def __init__(self, view: NodeView, status: NodeStatus) -> None:
-        self._view, self._status = view, status
+    def __init__(self, status: NodeStatus, nodes: tuple[GpuNode, ...] = (), **view: Any) -> None:
+        self._nodes, self._view, self._status = nodes, view, status
 
-    def view(self, policy: Policy) -> NodeView:
-        return self._view
+    def prepared(self, policy: Policy) -> Prepared:
+        return Prepared(policy, self._nodes, **self._view)
 
     def status(self) -> NodeStatus:
         return self._status
@@ -170,7 +171,7 @@ class Fixed:
 
 def test_node_fallback_is_a_warning_and_a_count() -> None:
     note = "GPU sizes come from the policy's gpuMemory (16 GiB): no node reports aliyun.com/gpu-mem"
-    client = make(nodes=Fixed(NodeView(note=note), NodeStatus(watching=True, tried=True)))
+    client = make(nodes=Fixed(NodeStatus(watching=True, tried=True), note=note))
     resp = client.post("/mutate", json=review(pod(container(gpu="4"))))
     assert resp.get_json()["response"]["warnings"] == [note]
     denied = client.post("/mutate", json=review(pod(container(gpu="40")))).get_json()["response"]
@@ -182,8 +183,7 @@ def test_node_fallback_is_a_warning_and_a_count() -> None:
 
 def test_known_nodes_are_reported() -> None:
     nodes = (GpuNode("a", 80, 8), GpuNode("b", 24, 1))
-    view = NodeView(nodes=nodes, uncounted=("c",))
-    client = make(nodes=Fixed(view, NodeStatus(True, True, True, True, "", 5)))
+    client = make(nodes=Fixed(NodeStatus(True, True, True, True, "", 5), nodes, uncounted=("c",)))
     values = scrape(client)
     assert values["gpushare_gpu_nodes"] == 2
     assert values["gpushare_gpu_nodes_without_count"] == 1
@@ -212,12 +212,12 @@ def test_admission_log_line_has_the_decision_and_no_pod(caplog: pytest.LogCaptur
 class BrokenNodes(NoNodes):
     """Nodes whose bounds fail: a bug, which no real node source makes on demand."""
 
-    class _View(NodeView):
-        def limits(self, spec: Mapping[str, Any], policy: Policy) -> GpuLimits:
+    class _Prepared(Prepared):
+        def limits(self, spec: Mapping[str, Any]) -> GpuLimits:
             raise RuntimeError("no bounds")
 
-    def view(self, policy: Policy) -> NodeView:
-        return self._View()
+    def prepared(self, policy: Policy) -> Prepared:
+        return self._Prepared(policy)
 
 
 def test_an_internal_error_has_one_reason_in_log_metric_and_audit(

@@ -8,7 +8,6 @@ import pytest
 
 from tests.helpers import GPU, apply, container, env_of, pod
 from webhook.decision.capacity import GpuNode, limits_for
-from webhook.decision.nodes import NodeView
 from webhook.decision.plan import (
     STATUS_ANNOTATION,
     WOULD_REFUSE,
@@ -18,10 +17,11 @@ from webhook.decision.plan import (
     plan_ephemeral,
 )
 from webhook.decision.policy import DEFAULT_POLICY, parse_policy, parse_policy_text
+from webhook.decision.prepared import Prepared
 
 
 def decide(obj: Any, **kwargs: Any) -> Decision:
-    return plan(obj, DEFAULT_POLICY, namespace="team-a", **kwargs)
+    return plan(obj, Prepared(DEFAULT_POLICY), namespace="team-a", **kwargs)
 
 
 def mutated(obj: Any) -> Any:
@@ -347,11 +347,11 @@ def test_demand_is_what_the_scheduler_reserves() -> None:
     assert decide(bigger_init).reason == "init-exceeds-reservation"
     # ACK's scheduler counts like kube-scheduler: the larger of the sum and the largest init.
     ack = parse_policy({"scheduler": "ack"})
-    assert plan(bigger_init, ack, namespace="team-a").demand == 12
+    assert plan(bigger_init, Prepared(ack), namespace="team-a").demand == 12
 
 
 def test_excluded_namespace_is_untouched() -> None:
-    decision = plan(pod(container(gpu="99")), DEFAULT_POLICY, namespace="kube-system")
+    decision = plan(pod(container(gpu="99")), Prepared(DEFAULT_POLICY), namespace="kube-system")
     assert decision.outcome == "untouched"
     assert decision.reason == "excluded-namespace"
 
@@ -438,14 +438,14 @@ NODES = [
 def test_limits_follow_node_selection(
     spec: dict[str, Any], largest: int, count: int, gpus: int
 ) -> None:
-    # Worked out afresh, or remembered by a view of the nodes (in any order):
+    # Worked out afresh, or kept by the prepared policy (nodes in any order):
     # all must say the same, the second time too.
     for nodes in (NODES, NODES[::-1]):
-        view = NodeView(nodes)
+        prepared = Prepared(DEFAULT_POLICY, nodes)
         for limits in (
             limits_for(spec, DEFAULT_POLICY, nodes),
-            view.limits(spec, DEFAULT_POLICY),
-            view.limits(spec, DEFAULT_POLICY),
+            prepared.limits(spec),
+            prepared.limits(spec),
         ):
             assert (limits.largest_gpu, limits.nodes_with_largest, limits.max_gpus) == (
                 largest,
@@ -454,31 +454,32 @@ def test_limits_follow_node_selection(
             )
 
 
-def test_a_view_remembers_bounds_by_placement_for_its_own_node_list() -> None:
+def test_a_prepared_policy_keeps_bounds_by_placement_for_its_own_node_list() -> None:
     spec = {"nodeSelector": {"pool": "t4"}}
-    before = NodeView(NODES)
-    assert before.limits(spec, DEFAULT_POLICY).largest_gpu == 16
-    assert before.limits({}, DEFAULT_POLICY).largest_gpu == 80
-    after = NodeView([*NODES, GpuNode("t4-big", 24, 1, {"pool": "t4"}), GpuNode("h100", 94, 8, {})])
-    assert after.limits(spec, DEFAULT_POLICY).largest_gpu == 24
-    assert after.limits({}, DEFAULT_POLICY).largest_gpu == 94
-    assert before.limits(spec, DEFAULT_POLICY).largest_gpu == 16  # each list its own bounds
+    before = Prepared(DEFAULT_POLICY, NODES)
+    assert before.limits(spec).largest_gpu == 16
+    assert before.limits({}).largest_gpu == 80
+    bigger = [*NODES, GpuNode("t4-big", 24, 1, {"pool": "t4"}), GpuNode("h100", 94, 8, {})]
+    after = Prepared(DEFAULT_POLICY, bigger)
+    assert after.limits(spec).largest_gpu == 24
+    assert after.limits({}).largest_gpu == 94
+    assert before.limits(spec).largest_gpu == 16  # each list its own bounds
     # The same selector written in another key order is the same placement.
     both = {"nodeSelector": {"zone": "z1", "pool": "t4"}}
     again = {"nodeSelector": {"pool": "t4", "zone": "z1"}}
-    assert after.limits(both, DEFAULT_POLICY) is after.limits(again, DEFAULT_POLICY)
-    assert after.limits(both, DEFAULT_POLICY).largest_gpu == 16
+    assert after.limits(both) is after.limits(again)
+    assert after.limits(both).largest_gpu == 16
     # The node affinity is part of the placement: no selector, other affinities.
     t4_only = {"affinity": _affinity("pool", "In", ["t4"])}
     a100_only = {"affinity": _affinity("pool", "In", ["a100"])}
-    assert after.limits(t4_only, DEFAULT_POLICY).largest_gpu == 24
-    assert after.limits(a100_only, DEFAULT_POLICY).largest_gpu == 80
+    assert after.limits(t4_only).largest_gpu == 24
+    assert after.limits(a100_only).largest_gpu == 80
 
 
-def test_a_view_without_nodes_bounds_by_the_policy() -> None:
+def test_a_prepared_policy_without_nodes_bounds_by_the_policy() -> None:
     policy = parse_policy({"gpuMemory": 40})
-    assert NodeView(note="no node list").limits({}, policy).largest_gpu == 40
-    assert NodeView([]).nodes is None
+    assert Prepared(policy, note="no node list").limits({}).largest_gpu == 40
+    assert Prepared(policy, []).nodes is None
 
 
 def _affinity(key: str, operator: str, values: list[str]) -> dict[str, Any]:
@@ -503,12 +504,12 @@ def test_cluster_limits_reach_the_message() -> None:
 def test_proportional_compute_uses_the_largest_gpu() -> None:
     policy = parse_policy_text("compute: {default: proportional}")
     obj = pod(container(gpu="5"))
-    out = apply(obj, list(plan(obj, policy).patch))
+    out = apply(obj, list(plan(obj, Prepared(policy)).patch))
     assert env_of(out["spec"]["containers"][0])["CUDA_DEVICE_SM_LIMIT"] == "32"  # 5/16 rounded up
     fixed = parse_policy_text("compute: {default: 20}")
-    out = apply(obj, list(plan(obj, fixed).patch))
+    out = apply(obj, list(plan(obj, Prepared(fixed)).patch))
     assert env_of(out["spec"]["containers"][0])["CUDA_DEVICE_SM_LIMIT"] == "20"
-    plain = apply(obj, list(plan(obj, DEFAULT_POLICY).patch))
+    plain = apply(obj, list(plan(obj, Prepared(DEFAULT_POLICY)).patch))
     assert "CUDA_DEVICE_SM_LIMIT" not in env_of(plain["spec"]["containers"][0])
 
 
@@ -518,7 +519,7 @@ WARN = parse_policy_text("enforcement: warn")
 
 
 def warned(obj: Any, policy: Any = WARN) -> Decision:
-    decision = plan(obj, policy, namespace="team-a")
+    decision = plan(obj, Prepared(policy), namespace="team-a")
     assert decision.outcome == "warned", decision
     assert decision.allowed
     return decision
@@ -589,7 +590,7 @@ def test_under_warn_a_pod_is_admitted_with_every_refusal_as_a_warning(
     ]
     assert limited == set_up
     assert bool(decision.ops) == bool(set_up)
-    again = plan(after, WARN, namespace="team-a")  # a fixed point, warned again
+    again = plan(after, Prepared(WARN), namespace="team-a")  # a fixed point, warned again
     assert again.outcome == "warned"
     assert again.ops == ()
 
@@ -603,7 +604,7 @@ def test_under_warn_another_scheduler_is_kept() -> None:
 
 def test_under_warn_a_pod_that_breaks_no_rule_is_mutated_as_usual() -> None:
     obj = pod(container(gpu="4"))
-    decision = plan(obj, WARN, namespace="team-a")
+    decision = plan(obj, Prepared(WARN), namespace="team-a")
     assert decision.outcome == "mutated"
     assert decision.patch == decide(obj).patch
     assert decision.warnings == ()
@@ -624,5 +625,5 @@ def test_under_warn_an_ephemeral_container_is_warned() -> None:
 def test_warn_is_per_namespace_when_the_policy_says_so() -> None:
     policy = parse_policy_text("namespaces: {team-a: {enforcement: warn}}")
     obj = pod(container(gpu="40"))
-    assert plan(obj, policy, namespace="team-a").outcome == "warned"
-    assert plan(obj, policy, namespace="team-b").outcome == "rejected"
+    assert plan(obj, Prepared(policy), namespace="team-a").outcome == "warned"
+    assert plan(obj, Prepared(policy), namespace="team-b").outcome == "rejected"

@@ -20,6 +20,7 @@ from tests.helpers import GPU, apply, container, decode_patch, env_of, examples,
 from webhook.decision.admission import admit
 from webhook.decision.plan import STATUS_ANNOTATION, plan
 from webhook.decision.policy import DEFAULT_POLICY
+from webhook.decision.prepared import Prepared
 
 K8S_VERSION = "1.37.0"
 
@@ -76,7 +77,7 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
 @settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pods())
 def test_patch_applies_validates_and_is_a_fixed_point(obj: dict[str, Any]) -> None:
-    decision = plan(obj, DEFAULT_POLICY)
+    decision = plan(obj, Prepared(DEFAULT_POLICY))
     if not decision.allowed:
         # A drawn pod may fail only for not fitting one GPU, or for an init
         # container asking more than the extender reserves (the app containers' sum).
@@ -85,7 +86,7 @@ def test_patch_applies_validates_and_is_a_fixed_point(obj: dict[str, Any]) -> No
         return
     out = apply(obj, list(decision.patch))
     kubernetes_validate.validate(out, K8S_VERSION, strict=True)
-    again = plan(out, DEFAULT_POLICY)
+    again = plan(out, Prepared(DEFAULT_POLICY))
     assert again.allowed
     assert again.patch == (), again.patch
     assert decision.demand <= DEFAULT_POLICY.gpu_memory
@@ -116,7 +117,7 @@ def test_the_patch_text_carries_any_name_and_value(name: str, value: str) -> Non
             ]
         },
     }
-    decision = plan(obj, DEFAULT_POLICY)
+    decision = plan(obj, Prepared(DEFAULT_POLICY))
     assert decision.allowed, decision.message
     out = apply(obj, list(decision.patch))
     got = env_of(out["spec"]["containers"][0])
@@ -126,7 +127,7 @@ def test_the_patch_text_carries_any_name_and_value(name: str, value: str) -> Non
     assert got["LD_PRELOAD"] == ":".join([shim, *others])
     status = json.loads(out["metadata"]["annotations"][STATUS_ANNOTATION])
     assert list(status["containers"]) == [name]
-    assert plan(out, DEFAULT_POLICY).patch == ()
+    assert plan(out, Prepared(DEFAULT_POLICY)).patch == ()
 
 
 def test_a_lone_surrogate_goes_back_escaped() -> None:
@@ -155,7 +156,7 @@ def test_a_lone_surrogate_goes_back_escaped() -> None:
             },
         }
     ).encode()
-    result = admit(body, DEFAULT_POLICY)
+    result = admit(body, Prepared(DEFAULT_POLICY))
     assert result.outcome == "mutated", result.body
     ops = decode_patch(json.loads(result.encode())["response"])
     (preload,) = [op for op in ops if op["path"] == "/spec/containers/0/env/0"]
@@ -179,7 +180,7 @@ ANYWHERE = {
 def test_a_lone_surrogate_anywhere_is_answered(reviewed: dict[str, Any]) -> None:
     # Such a string reaches the answer (the uid is echoed, names go into
     # warnings and messages); the answer must still be written.
-    result = admit(json.dumps(reviewed).encode(), DEFAULT_POLICY)
+    result = admit(json.dumps(reviewed).encode(), Prepared(DEFAULT_POLICY))
     assert result.outcome != "error", result.error
     answer = json.loads(result.encode())
     assert answer["response"]["uid"] == reviewed["request"]["uid"]

@@ -29,9 +29,9 @@ import pytest
 from tests.helpers import apply, container, pod
 from webhook.cli import build_parser
 from webhook.cli.report import cmd_report
-from webhook.decision.nodes import NodeView
 from webhook.decision.plan import plan
 from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
+from webhook.decision.prepared import Prepared
 from webhook.report import reserved
 from webhook.report.findings import OTHER_POLICY, build_report, judge_pod
 from webhook.report.objects import sort_objects
@@ -200,20 +200,20 @@ def _report_of_stdin(text: str) -> subprocess.CompletedProcess[str]:
 
 def _stored(obj: dict[str, Any], policy: Policy) -> dict[str, Any]:
     """``obj`` as the API server stores it after the webhook under ``policy`` set it up."""
-    decision = plan(obj, policy, namespace="team-a")
+    decision = plan(obj, Prepared(policy), namespace="team-a")
     return apply(obj, list(decision.patch))
 
 
 def test_a_pod_set_up_under_another_policy_has_drifted_and_says_what_differs() -> None:
     older = parse_policy_text("env: {memoryLimit: GPU_MEMORY_LIMIT}")
-    found = judge_pod(_stored(pod(container(gpu="4")), older), DEFAULT_POLICY, NodeView())
+    found = judge_pod(_stored(pod(container(gpu="4")), older), Prepared(DEFAULT_POLICY))
     assert found is not None
     assert (found.status, found.cause) == ("drifted", OTHER_POLICY)
     assert "container 'main': no CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_MEMORY_LIMIT_0" in (
         found.findings
     )
     assert found.unlimited  # the shim reads no GPU_MEMORY_LIMIT
-    same = judge_pod(_stored(pod(container(gpu="4")), DEFAULT_POLICY), DEFAULT_POLICY, NodeView())
+    same = judge_pod(_stored(pod(container(gpu="4")), DEFAULT_POLICY), Prepared(DEFAULT_POLICY))
     assert same is not None
     assert same.status == "confined"
 
@@ -222,12 +222,12 @@ def test_a_pod_set_up_before_the_shim_moved_has_drifted_not_been_refused() -> No
     """Its own volume and mount, where the policy no longer puts them, are the webhook's."""
     older = parse_policy_text("shim: {hostPath: /opt/shim, mountPath: /opt/shim}")
     stored = _stored(pod(container(gpu="4")), older)
-    found = judge_pod(stored, DEFAULT_POLICY, NodeView())
+    found = judge_pod(stored, Prepared(DEFAULT_POLICY))
     assert found is not None
     assert (found.status, found.cause) == ("drifted", OTHER_POLICY)
     assert any("a name the webhook reserves" in finding for finding in found.findings)
     del stored["metadata"]["annotations"]  # not the webhook's doing: a pod's own clash
-    assert judge_pod(stored, DEFAULT_POLICY, NodeView()).status == "would-be-refused"  # type: ignore[union-attr]
+    assert judge_pod(stored, Prepared(DEFAULT_POLICY)).status == "would-be-refused"  # type: ignore[union-attr]
 
 
 def test_what_a_report_leaves_out_and_what_it_says_so() -> None:

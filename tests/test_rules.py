@@ -28,8 +28,9 @@ import yaml
 
 from tests.helpers import apply, decode_patch, review, rewrite_case
 from webhook.decision.admission import admit
-from webhook.decision.nodes import NodeStatus, NodeView, facts_of, view_of
+from webhook.decision.nodes import NodeStatus, facts_of, prepare
 from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
+from webhook.decision.prepared import Prepared
 
 RULES = Path(__file__).parent / "rules"
 UPDATE = os.environ.get("GOLDEN_UPDATE") == "1"
@@ -55,11 +56,12 @@ def _policy(case: dict[str, Any]) -> Policy:
     return parse_policy_text(text) if text else DEFAULT_POLICY
 
 
-def _view(case: dict[str, Any], policy: Policy) -> NodeView:
+def _prepared(case: dict[str, Any]) -> Prepared:
+    policy = _policy(case)
     nodes = case.get("nodes")
     if nodes is None:
-        return NodeView()
-    return view_of([facts_of(n) for n in nodes], NodeStatus(synced=True), policy)
+        return Prepared(policy)
+    return prepare([facts_of(n) for n in nodes], NodeStatus(synced=True), policy)
 
 
 def _request(case: dict[str, Any], obj: Any) -> dict[str, Any]:
@@ -77,11 +79,9 @@ def _pod(case: dict[str, Any]) -> Any:
 
 def answer_of(case: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The answer to the case's review, readable, and the patch's operations."""
-    policy = _policy(case)
-    result = admit(json.dumps(_request(case, _pod(case))).encode(), policy, _view(case, policy))
+    result = admit(json.dumps(_request(case, _pod(case))).encode(), _prepared(case))
     assert result.status == 200, result.body
-    response = result.body["response"]
-    assert json.loads(result.encode()) == result.body  # what goes on the wire
+    response = json.loads(result.encode())["response"]  # as it goes on the wire
     ops = decode_patch(response)
     answer: dict[str, Any] = {"outcome": result.outcome}
     if result.decision is not None and result.decision.reason:

@@ -18,9 +18,8 @@ from typing import Any
 
 import jsonpatch
 
-from webhook.decision.capacity import limits_for
 from webhook.decision.plan import Decision, plan
-from webhook.decision.policy import Policy
+from webhook.decision.prepared import Prepared
 
 Path = tuple[str, ...]  # keys from the document to a pod template; "*" is every item
 _TEMPLATE: Path = ("spec", "template")
@@ -128,12 +127,13 @@ def describe(document: Any, index: int) -> str:
     return f"document {index}"
 
 
-def preview(document: Any, policy: Policy, *, index: int = 1, namespace: str = "") -> Preview:
+def preview(document: Any, prepared: Prepared, *, index: int = 1, namespace: str = "") -> Preview:
     """What admission does to the pods of ``document``.
 
     ``namespace`` is where it will be created when its metadata names none
     (``kubectl apply -n``): the policy's namespace rules depend on it.
     """
+    policy = prepared.policy
     label = describe(document, index)
     result = Preview(label, document)
     if not isinstance(document, Mapping):
@@ -182,13 +182,7 @@ def preview(document: Any, policy: Policy, *, index: int = 1, namespace: str = "
         if not isinstance(pod, Mapping):
             result.notes.append(f"{label}: {'.'.join(at)} is not a pod template")
             continue
-        spec = pod.get("spec")
-        decision = plan(
-            pod,
-            policy,
-            namespace=str(namespace or ""),
-            limits=limits_for(spec if isinstance(spec, Mapping) else {}, policy, None),
-        )
+        decision = plan(pod, prepared, namespace=str(namespace or ""))
         result.decisions.append((".".join(at), decision))
         prefix = _pointer(at)
         ops += [{**op, "path": prefix + op["path"]} for op in decision.patch]

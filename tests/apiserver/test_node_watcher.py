@@ -39,7 +39,7 @@ def watcher(installed: Installed) -> Iterator[nodes.NodeWatcher]:
 
 
 def sizes(watcher: nodes.NodeWatcher) -> dict[str, int]:
-    return {n.name: n.gpu_memory for n in watcher.view(GIB).nodes or ()}
+    return {n.name: n.gpu_memory for n in watcher.prepared(GIB).nodes or ()}
 
 
 def test_lists_then_follows_added_modified_and_deleted_nodes(
@@ -84,7 +84,7 @@ def test_no_gpu_node_falls_back_to_the_policy(
     put_node(installed.api, "cpu", memory=0, count=0)
     watcher.start()
     eventually(lambda: watcher.status().synced)
-    view = watcher.view(GIB)
+    view = watcher.prepared(GIB)
     assert view.nodes is None
     assert "no node reports aliyun.com/gpu-mem" in view.note
 
@@ -97,7 +97,7 @@ def test_forbidden_names_the_missing_permission(installed: Installed) -> None:
     try:
         eventually(lambda: "forbidden" in watcher.status().problem)
         assert "'list' and 'watch' on nodes" in watcher.status().problem
-        assert "forbidden" in watcher.view(GIB).note
+        assert "forbidden" in watcher.prepared(GIB).note
         assert not watcher.status().connected
     finally:
         watcher.stop()
@@ -112,7 +112,7 @@ def test_limits_narrow_to_the_pool_a_pod_selects(
     put_node(api, "a100-2", memory=160, count=2, labels={"pool": "a100"})
     watcher.start()
     eventually(lambda: len(sizes(watcher)) == 3)
-    known = watcher.view(GIB).nodes
+    known = watcher.prepared(GIB).nodes
     everywhere = limits_for({}, GIB, known)
     assert (everywhere.largest_gpu, everywhere.nodes_with_largest) == (80, 2)
     t4 = limits_for({"nodeSelector": {"pool": "t4"}}, GIB, known)

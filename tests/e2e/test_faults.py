@@ -29,6 +29,7 @@ from tests.kubeapi import FakeApi, serve
 from webhook import tls
 from webhook.decision.admission import admit
 from webhook.decision.policy import parse_policy
+from webhook.decision.prepared import Prepared
 
 JSON = {"Content-Type": "application/json"}
 GOOD = "gpuMemory: 24\n"
@@ -197,10 +198,10 @@ def test_a_killed_worker_is_replaced_and_the_other_keeps_answering(served: Serve
 
 
 def expected(body: bytes) -> dict[str, object]:
-    result = admit(body, parse_policy({"gpuMemory": 24}))
+    result = admit(body, Prepared(parse_policy({"gpuMemory": 24})))
     if result.status != 200:
         return {"status": result.status}
-    return dict(result.body["response"])
+    return dict(json.loads(result.encode())["response"])  # as it goes on the wire
 
 
 def mixed_bodies() -> list[bytes]:

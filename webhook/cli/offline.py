@@ -87,12 +87,13 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
 
 
 def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
+    from webhook.decision.prepared import Prepared
     from webhook.preview import preview
 
-    policy = _policy(args.policy)
+    prepared = Prepared(_policy(args.policy))
     documents = read_documents(args.file, stdin, stderr)
     results = [
-        preview(doc, policy, index=i, namespace=args.namespace)
+        preview(doc, prepared, index=i, namespace=args.namespace)
         for i, doc in enumerate(documents, start=1)
     ]
     kept = []

@@ -25,8 +25,9 @@ from kubernetes.client.exceptions import ApiException
 
 from webhook.cluster import kube
 from webhook.decision.capacity import NodeFacts
-from webhook.decision.nodes import NodeStatus, NodeView, facts_of, view_of
+from webhook.decision.nodes import NodeStatus, facts_of, prepare
 from webhook.decision.policy import Policy
+from webhook.decision.prepared import Prepared
 
 log = logging.getLogger("gpushare_webhook.nodes")
 
@@ -83,7 +84,7 @@ class NodeWatcher:
         self._lock = threading.Lock()
         self._facts: dict[str, NodeFacts] = {}
         self._version = 0  # bumps on every change of _facts or of the status
-        self._cache: tuple[int, Policy, NodeView] | None = None
+        self._last: tuple[int, Prepared] | None = None
         self._status = NodeStatus(watching=True, problem="node list not read yet")
         self._stop = threading.Event()
         self._tried = threading.Event()  # set once the first list has been answered or failed
@@ -108,13 +109,13 @@ class NodeWatcher:
         with self._lock:
             return self._version, self._status, tuple(self._facts.values())
 
-    def view(self, policy: Policy) -> NodeView:
-        cache = self._cache
-        if cache is not None and cache[0] == self._version and cache[1] is policy:
-            return cache[2]
+    def prepared(self, policy: Policy) -> Prepared:
+        last = self._last
+        if last is not None and last[0] == self._version and last[1].policy is policy:
+            return last[1]
         version, status, facts = self.snapshot()
-        result = view_of(facts, status, policy)
-        self._cache = (version, policy, result)
+        result = prepare(facts, status, policy)
+        self._last = (version, result)
         return result
 
     # -- the watch (its own thread) --

@@ -1,8 +1,10 @@
 """One admission: body bytes in, (HTTP status, AdmissionReview) out.
 
 Ties decoding, planning and responses together. It is still pure — the
-policy and GPU limits come in as arguments — so the HTTP layer, the offline
-CLI and the benchmarks all run exactly this code.
+prepared policy and its GPU nodes come in as an argument — so the HTTP
+layer, the offline CLI and the benchmarks all run exactly this code. The
+answer stays data (its patch as ops) until :meth:`Result.encode` writes
+it, the one place it becomes text.
 """
 
 from __future__ import annotations
@@ -15,10 +17,8 @@ from typing import Any
 
 from webhook.decision import responses
 from webhook.decision.decoding import decode
-from webhook.decision.jsontext import compact as compact_json
-from webhook.decision.nodes import NodeView
 from webhook.decision.plan import Decision, plan, plan_ephemeral, untouched
-from webhook.decision.policy import Policy
+from webhook.decision.prepared import Prepared
 from webhook.decision.reviews import Request
 from webhook.errors import ReviewError
 from webhook.reasons import Reason
@@ -29,7 +29,7 @@ class Result:
     """What happened to one review: for the HTTP answer, the log line and metrics."""
 
     status: int
-    body: Mapping[str, Any]
+    body: Mapping[str, Any]  # the AdmissionReview (or error) as data, its patch as ops
     decision: Decision | None = None
     uid: str = ""
     namespace: str = ""
@@ -56,10 +56,8 @@ class Result:
         return self.decision.reason
 
     def encode(self) -> bytes:
-        """The body as compact JSON (ASCII: what has no UTF-8 form goes escaped)."""
-        if self.status == 200 and not self.error and self.decision is not None:
-            return responses.encode(self.body)  # type: ignore[arg-type]
-        return compact_json(self.body).encode("ascii")
+        """The body as it goes on the wire: compact ASCII JSON, the patch in base64."""
+        return responses.encode(self.body)
 
 
 def _is_pod(request: Request) -> bool:
@@ -77,10 +75,7 @@ def _pod_name(request: Request) -> str:
     return request.get("name") or ""
 
 
-_NO_VIEW = NodeView()
-
-
-def decide(request: Request, policy: Policy, view: NodeView = _NO_VIEW) -> Decision:
+def decide(request: Request, prepared: Prepared) -> Decision:
     """The decision for a decoded request: the rules for which requests are looked at."""
     if not _is_pod(request):
         return untouched(Reason.NOT_A_POD)
@@ -88,22 +83,23 @@ def decide(request: Request, policy: Policy, view: NodeView = _NO_VIEW) -> Decis
     namespace = request.get("namespace") or ""
     sub = request.get("subResource")
     if sub == "ephemeralcontainers" and request["operation"] == "UPDATE":
-        return plan_ephemeral(pod, policy, namespace=namespace)
+        return plan_ephemeral(pod, prepared.policy, namespace=namespace)
     if sub:
         return untouched(Reason.SUBRESOURCE)
     if request["operation"] != "CREATE":
         return untouched(Reason.NOT_CREATE)
     spec = pod.get("spec") if isinstance(pod, dict) else None
-    limits = view.limits(spec if isinstance(spec, dict) else {}, policy)
-    return plan(pod, policy, namespace=namespace, limits=limits)
+    limits = prepared.limits(spec if isinstance(spec, dict) else {})
+    return plan(pod, prepared, namespace=namespace, limits=limits)
 
 
-def admit(body: bytes, policy: Policy, view: NodeView = _NO_VIEW) -> Result:
+def admit(body: bytes, prepared: Prepared) -> Result:
     """Answer one AdmissionReview body. Never raises: a bug is answered as a denial.
 
-    ``view`` holds the GPU nodes pods are bounded by (none: the policy's
-    ``gpuMemory``); its note (why the nodes are not known) is added to the
-    warnings of every GPU pod, whose bounds then come from the policy.
+    ``prepared`` holds the policy and the GPU nodes pods are bounded by
+    (none: the policy's ``gpuMemory``); its note (why the nodes are not
+    known) is added to the warnings of every GPU pod, whose bounds then
+    come from the policy.
     """
     try:
         api_version, request = decode(body)
@@ -114,9 +110,10 @@ def admit(body: bytes, policy: Policy, view: NodeView = _NO_VIEW) -> Result:
     name = _pod_name(request)
     dry_run = request.get("dryRun") is True
     try:
-        decision = decide(request, policy, view)
-        if view.note and decision.outcome != "untouched":
-            decision = dataclasses.replace(decision, warnings=(*decision.warnings, view.note))
+        decision = decide(request, prepared)
+        note = prepared.note
+        if note and decision.outcome != "untouched":
+            decision = dataclasses.replace(decision, warnings=(*decision.warnings, note))
         answer = _respond(uid, decision)
     except Exception as error:  # a bug must become a denial, never a dropped pod
         # NB: like controller-runtime's panic recovery, the failure is answered

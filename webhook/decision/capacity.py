@@ -10,7 +10,6 @@ holds what a review sees of them).
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,15 +109,10 @@ class GpuLimits:
 
 
 def limits_from_policy(policy: Policy) -> GpuLimits:
-    return _policy_limits(policy.gpu_memory, policy.multi_gpu.max_gpus)
-
-
-def _limits_of_policy(gpu_memory: int, max_gpus: int) -> GpuLimits:
-    return GpuLimits(largest_gpu=gpu_memory, max_gpus=max_gpus, source="policy gpuMemory")
-
-
-# Made by a call, not with decorator syntax, which mutation testing skips.
-_policy_limits = functools.lru_cache(maxsize=16)(_limits_of_policy)
+    """The bounds the policy sets, for a cluster whose GPU nodes are not known."""
+    return GpuLimits(
+        largest_gpu=policy.gpu_memory, max_gpus=policy.multi_gpu.max_gpus, source="policy gpuMemory"
+    )
 
 
 def limits_for(
@@ -126,7 +120,7 @@ def limits_for(
 ) -> GpuLimits:
     """The bounds for a pod with this spec, given the known GPU nodes (None: unknown).
 
-    Worked out afresh; ``webhook.decision.nodes.NodeView`` remembers them
+    Worked out afresh; ``webhook.decision.prepared.Prepared`` keeps them
     per placement for the reviews of one node list.
     """
     if not nodes:

@@ -7,11 +7,12 @@ container's env, and the status annotation.
 Every function returns ops as data (``webhook.decision.patch.Op``) and only
 what differs from the pod, so a pod the webhook already shaped gets no op
 at all. The pod's shapes have been checked (``checks``) before it runs.
+What repeats across the pods of a workload (the pinned variables of an
+ask, LD_PRELOAD, the status text) is kept by the prepared policy.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -21,8 +22,9 @@ from webhook.decision.asks import ContainerAsk
 from webhook.decision.checks import mount_key
 from webhook.decision.fields import STATUS_ANNOTATION
 from webhook.decision.layout import PRELOAD, Layout
-from webhook.decision.patch import EnvVar, Op
+from webhook.decision.patch import Op
 from webhook.decision.policy import Policy
+from webhook.decision.prepared import Prepared
 
 
 def scheduler_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
@@ -40,7 +42,7 @@ def volume_ops(spec: Mapping[str, Any], layout: Layout) -> list[Op]:
     return [
         patch.add("/spec/volumes/-", volume)
         for volume in layout.volumes
-        if volume.data["name"] not in present
+        if volume["name"] not in present
     ]
 
 
@@ -59,7 +61,7 @@ def mount_ops(container: Mapping[str, Any], base: str, layout: Layout) -> list[O
     for path, entry, _ in layout.mounts:
         if path not in ours:
             missing.append(patch.add(f"{base}/volumeMounts/-", entry))
-        elif mounts[ours[path]] != entry.data:
+        elif mounts[ours[path]] != entry:
             ops.append(patch.replace(f"{base}/volumeMounts/{ours[path]}", entry))
     return ops + missing
 
@@ -68,7 +70,7 @@ def env_ops(
     container: Mapping[str, Any],
     base: str,
     ask: ContainerAsk,
-    layout: Layout,
+    prepared: Prepared,
     warnings: list[str],
 ) -> list[Op]:
     """Ops that leave the container's env as the shim needs it, and nothing else changed.
@@ -80,7 +82,9 @@ def env_ops(
     then removals from the highest index down, so no op shifts another's
     target; appends last.
     """
-    pinned = layout.pinned(ask.name, ask.memory, ask.gpus, ask.compute)
+    layout = prepared.layout
+    key = (ask.name, ask.memory, ask.gpus, ask.compute)
+    pinned = prepared.remember(("pinned", *key), lambda: layout.pin(*key))
     wanted = pinned.values
     env = container.get("env")
     if env is None:
@@ -122,7 +126,9 @@ def env_ops(
                 f"{ask.label}: removed {name}, which would override the limit the webhook sets"
             )
             removed.append(index)
-    preload = _preload(user_preload, layout.preload)
+    preload = prepared.remember(
+        ("preload", user_preload), lambda: _preloaded(user_preload, layout.preload)
+    )
     if preload_at >= 0:
         current = env[preload_at]  # anything but {"name": PRELOAD, "value": preload} is replaced
         if len(current) != 2 or current.get("value") != preload:
@@ -133,14 +139,15 @@ def env_ops(
         ops += [patch.remove(f"{base}/env/{index}") for index in reversed(removed)]
     append = f"{base}/env/-"
     for pinned_entry in pinned.entries:
-        if pinned_entry.data["name"] not in seen:
+        if pinned_entry["name"] not in seen:
             ops.append(patch.add(append, pinned_entry))
     if preload_at < 0:
         ops.append(patch.add(append, _entry(PRELOAD, preload)))
     return ops
 
 
-_entry = EnvVar
+def _entry(name: str, value: str) -> dict[str, str]:
+    return {"name": name, "value": value}
 
 
 def _preloaded(user_value: str, shim: str) -> str:
@@ -150,21 +157,15 @@ def _preloaded(user_value: str, shim: str) -> str:
     return ":".join([shim, *others])
 
 
-# Made by a call, not with decorator syntax, which mutation testing skips.
-_preload = functools.lru_cache(maxsize=256)(_preloaded)
-
-
 def annotation_ops(
-    metadata: Mapping[str, Any], asks: list[ContainerAsk], policy: Policy, demand: int
+    metadata: Mapping[str, Any], asks: list[ContainerAsk], prepared: Prepared, demand: int
 ) -> list[Op]:
     """The status annotation: what the webhook set, for people and for ``report``-like tools."""
-    value = _status(
-        tuple(asks),
-        demand,
-        scheduler=policy.scheduler_name,
-        shim=policy.shim.preload,
-        unit=policy.memory_unit,
-        mib_per_unit=policy.mib_per_unit,
+    # NB: the pods of one workload ask alike, so their status reads alike:
+    # its JSON costs more than all the rest of the pod's annotation ops.
+    key = tuple(asks)
+    value = prepared.remember(
+        ("status", key, demand), lambda: _status_text(key, demand, prepared.policy)
     )
     annotations = metadata.get("annotations")
     if annotations is None:
@@ -177,16 +178,9 @@ def annotation_ops(
     return [patch.set_field(annotations, STATUS_ANNOTATION, "/metadata/annotations", value)]
 
 
-def _status_text(
-    asks: tuple[ContainerAsk, ...],
-    demand: int,
-    *,
-    scheduler: str,
-    shim: str,
-    unit: str,
-    mib_per_unit: int,
-) -> str:
+def _status_text(asks: tuple[ContainerAsk, ...], demand: int, policy: Policy) -> str:
     """The annotation's value: a string of JSON, its keys sorted."""
+    mib_per_unit = policy.mib_per_unit
     containers: dict[str, dict[str, Any]] = {}
     for ask in asks:
         entry: dict[str, Any] = {"memory": f"{ask.memory * mib_per_unit}m"}
@@ -196,15 +190,9 @@ def _status_text(
             entry["compute"] = ask.compute
         containers[ask.name] = entry
     record = {
-        "scheduler": scheduler,
-        "shim": shim,
-        "demand": f"{demand}{unit}",
+        "scheduler": policy.scheduler_name,
+        "shim": policy.shim.preload,
+        "demand": f"{demand}{policy.memory_unit}",
         "containers": containers,
     }
     return jsontext.sorted_compact(record)
-
-
-# NB: the pods of one workload ask alike, so their status reads alike: written
-# once (its JSON costs more than all the rest of the pod's annotation ops).
-# Made by a call, not with decorator syntax, which mutation testing skips.
-_status = functools.lru_cache(maxsize=1024)(_status_text)

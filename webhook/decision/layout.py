@@ -1,24 +1,23 @@
-"""What the webhook puts in every GPU container, worked out once per policy.
+"""What the webhook puts in every GPU container, as the shim section of a policy gives it.
 
 Owns the names the webhook reserves (its volumes, the status annotation,
-LD_PRELOAD) and the layout the shim section of a policy gives: the
-volumes, the mounts (and their paths, to compare a container's own
-mounts with), and the names of the limit variables. Checks and
-injection both read it; it is data, shared by every patch of the policy
-(``Fixed`` values, never changed).
+LD_PRELOAD) and the layout of a policy: the volumes, the mounts (and
+their paths, to compare a container's own mounts with), the names of the
+limit variables, and the variables pinned for one ask. Checks and
+injection both read it; it is data, made once per policy
+(``webhook.decision.prepared``) and shared by every patch of the policy,
+so no one may change it.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from webhook.decision import contract
-from webhook.decision.patch import Fixed
-from webhook.decision.policy import LD_SO_PRELOAD, EnvNames, Shim, folder
+from webhook.decision.policy import LD_SO_PRELOAD, Policy, folder
 
 VOLUME_NAME = "gpushare-shim"
 # An empty file over the shim's override file (see webhook.decision.contract).
@@ -38,22 +37,22 @@ class Pinned(NamedTuple):
     """The variables pinned in one container: by name, and as env entries in order."""
 
     values: dict[str, str]
-    entries: tuple[Fixed[dict[str, str]], ...]  # ``values`` as env entries, to append
-    env: Fixed[list[dict[str, str]]]  # a whole env (``entries`` and LD_PRELOAD), if none
+    entries: tuple[dict[str, str], ...]  # ``values`` as env entries, to append
+    env: list[dict[str, str]]  # a whole env (``entries`` and LD_PRELOAD), for a container with none
 
 
 class Mount(NamedTuple):
     """One mount of one of the webhook's volumes."""
 
     path: str  # its mount path with one trailing slash, to compare with a container's mounts
-    entry: Fixed[Mapping[str, object]]  # the volumeMounts entry
+    entry: Mapping[str, object]  # the volumeMounts entry
     holds: str  # what is mounted there, for a message about a mount that would hide it
 
 
 @dataclass(frozen=True)
 class Layout:
     preload: str  # the shim's path in the container, first in LD_PRELOAD
-    volumes: tuple[Fixed[Mapping[str, object]], ...]  # ours, the shim's hostPath first
+    volumes: tuple[Mapping[str, object], ...]  # ours, the shim's hostPath first
     volume_names: frozenset[str]
     mount_dir: str  # the shim's mount path with one trailing slash, to compare paths
     region_dir: str  # the accounting volume's mount path, likewise
@@ -64,29 +63,14 @@ class Layout:
     sm_limit: str
     shadow: re.Pattern[str]  # per-device variants of the limits (CUDA_DEVICE_MEMORY_LIMIT_3)
     mib_per_unit: int
-    # NB: the pinned variables depend only on the layout and four numbers of
-    # an ask, which repeat across the pods of a workload: kept here, with
-    # the layout they are made of, and their JSON made once.
-    _pinned: dict[tuple[str, int, int, int | None], Pinned] = field(
-        default_factory=dict, compare=False, repr=False
-    )
 
-    def pinned(self, name: str, memory: int, gpus: int, compute: int | None) -> Pinned:
+    def pin(self, name: str, memory: int, gpus: int, compute: int | None) -> Pinned:
         """The variables pinned in a container (see webhook.decision.contract).
 
         The shim reads each device's own variable before the plain one, so
         both are set for every GPU the container gets: a ConfigMap given
         through ``envFrom`` cannot set either, since an ``env`` entry wins.
         """
-        key = (name, memory, gpus, compute)
-        found = self._pinned.get(key)
-        if found is None:
-            if len(self._pinned) >= PINNED_KEPT:
-                self._pinned.clear()  # a bound, not an eviction policy: refilling is cheap
-            found = self._pinned[key] = self._pin(name, memory, gpus, compute)
-        return found
-
-    def _pin(self, name: str, memory: int, gpus: int, compute: int | None) -> Pinned:
         mib = f"{memory * self.mib_per_unit}m"
         values = {self.memory_limit: mib}
         for device in range(gpus):
@@ -101,28 +85,27 @@ class Layout:
         values[contract.REDIRECT] = self.preload
         entries = [{"name": key, "value": value} for key, value in values.items()]
         whole = [*entries, {"name": PRELOAD, "value": self.preload}]
-        return Pinned(values, tuple(Fixed(entry) for entry in entries), Fixed(whole))
-
-
-PINNED_KEPT = 4096  # distinct (container name, memory, GPUs, compute) kept per layout
+        return Pinned(values, tuple(entries), whole)
 
 
 def _mount(volume: str, path: str, holds: str, sub_path: str = "") -> Mount:
     entry = {"name": volume, "mountPath": path, "readOnly": True}
     if sub_path:
         entry = {"name": volume, "mountPath": path, "subPath": sub_path, "readOnly": True}
-    return Mount(folder(path), Fixed(entry), holds)
+    return Mount(folder(path), entry, holds)
 
 
 # The shim maps its region read-write (contract.py), so this one mount is not read-only.
 _ACCOUNTING = Mount(
     folder(contract.REGION_DIR),
-    Fixed({"name": ACCOUNTING_VOLUME, "mountPath": contract.REGION_DIR}),
+    {"name": ACCOUNTING_VOLUME, "mountPath": contract.REGION_DIR},
     "the GPU shim's accounting",
 )
 
 
-def _layout(shim: Shim, env: EnvNames, mib_per_unit: int) -> Layout:
+def layout_of(policy: Policy) -> Layout:
+    """The layout of ``policy``: made once, when the policy is prepared."""
+    shim, env = policy.shim, policy.env
     volumes = [{"name": VOLUME_NAME, "hostPath": {"path": shim.host_path, "type": "Directory"}}]
     mounts = [_mount(VOLUME_NAME, shim.mount_path, "the GPU shim")]
     if shim.ld_so_preload:
@@ -144,21 +127,15 @@ def _layout(shim: Shim, env: EnvNames, mib_per_unit: int) -> Layout:
     names = f"{re.escape(env.memory_limit)}|{re.escape(env.sm_limit)}"
     return Layout(
         preload=shim.preload,
-        volumes=tuple(Fixed(volume) for volume in volumes),
+        volumes=tuple(volumes),
         volume_names=frozenset(str(volume["name"]) for volume in volumes),
         mount_dir=mounts[0].path,
         region_dir=_ACCOUNTING.path,
         mounts=tuple(mounts),
-        placed=frozenset((str(m.entry.data["name"]), m.path) for m in mounts),
+        placed=frozenset((str(m.entry["name"]), m.path) for m in mounts),
         holds={m.path: m.holds for m in mounts},
         memory_limit=env.memory_limit,
         sm_limit=env.sm_limit,
         shadow=re.compile(rf"({names})_\d+"),
-        mib_per_unit=mib_per_unit,
+        mib_per_unit=policy.mib_per_unit,
     )
-
-
-# NB: a memo keyed by the (frozen, hashable) parts of a policy that shape the
-# layout: a policy reload with the same shim and names reuses it. Made by a
-# call, not with decorator syntax, which mutation testing skips (docs/mutation.md).
-layout = functools.lru_cache(maxsize=16)(_layout)

@@ -1,33 +1,25 @@
-"""The cluster's nodes as a review sees them: a view of the GPU nodes, and how it travels.
+"""The cluster's nodes as a review sees them, and how they travel.
 
 Owns the seam through which node facts reach the decision: a
 :class:`NodeSource` (the node watch, or :class:`NoNodes`) hands each review
-a :class:`NodeView`, which carries the GPU nodes of one node list under one
-policy and remembers the bounds of each placement it was asked for, so the
-cache lives and dies with the list it was worked out from. Also owns the
-snapshot: the node facts and the watch's status as JSON, the form in which
-one node watch per server shares them with every worker. Pure: bytes and
-values in, values out.
+the policy prepared with the GPU nodes of one node list
+(``webhook.decision.prepared.Prepared``), made once per policy and list,
+so what it keeps lives and dies with them. Also owns the snapshot: the
+node facts and the watch's status as JSON, the form in which one node
+watch per server shares them with every worker. Pure: bytes and values
+in, values out.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
-from webhook.decision.capacity import (
-    GpuLimits,
-    GpuNode,
-    NodeFacts,
-    gpu_nodes,
-    limits_from_policy,
-    limits_over,
-    placement_key,
-    uncounted,
-)
+from webhook.decision.capacity import NodeFacts, gpu_nodes, uncounted
 from webhook.decision.policy import Policy
+from webhook.decision.prepared import Prepared
 from webhook.errors import SnapshotError
 
 SNAPSHOT_VERSION = 1
@@ -46,54 +38,16 @@ class NodeStatus:
     fatal: str = ""  # the watch cannot run at all (credentials): serve stops at start
 
 
-class NodeView:
-    """The GPU nodes a review is checked against (None: the policy's gpuMemory).
-
-    ``note`` says why the policy is used although nodes were asked for; it
-    becomes an AdmissionResponse warning on GPU pods. The bounds of each
-    placement are remembered here: pods share placements (most have none),
-    and working them out passes over every GPU node (about 1 ms for 500).
-    A view is made for one node list and one policy, so what it remembers
-    can never outlive them.
-    """
-
-    MAX_PLACEMENTS = 512  # remembered at once; more are worked out again
-
-    def __init__(
-        self,
-        nodes: Sequence[GpuNode] | None = None,
-        note: str = "",
-        *,
-        uncounted: Sequence[str] = (),
-    ) -> None:
-        self.nodes: tuple[GpuNode, ...] | None = tuple(nodes) if nodes else None
-        self.note = note
-        # Nodes that report GPU memory but no GPU count: the scheduler counts
-        # no GPU there, so they bound no pod (the node watch logs them).
-        self.uncounted = tuple(uncounted)
-        self._bounds: dict[str, GpuLimits] = {}
-
-    def limits(self, spec: Mapping[str, Any], policy: Policy) -> GpuLimits:
-        """The bounds for a pod with this spec: the largest GPU it may be placed on."""
-        if self.nodes is None:
-            return limits_from_policy(policy)
-        key = placement_key(spec)
-        found = self._bounds.get(key)
-        if found is None:
-            if len(self._bounds) >= self.MAX_PLACEMENTS:
-                self._bounds.clear()
-            found = self._bounds[key] = limits_over(spec, self.nodes, policy)
-        return found
-
-
-def view_of(facts: Iterable[NodeFacts], status: NodeStatus, policy: Policy) -> NodeView:
-    """What reviews see under ``policy``, given what the watch knows of the nodes."""
+def prepare(facts: Iterable[NodeFacts], status: NodeStatus, policy: Policy) -> Prepared:
+    """``policy`` prepared for reviews, given what the watch knows of the nodes."""
     fallback = (
         f"GPU sizes come from the policy's gpuMemory ({policy.gpu_memory} {policy.memory_unit})"
     )
     if not status.synced:
         why = status.problem or "not read yet"
-        return NodeView(note=f"{fallback}: the cluster's node list is not available ({why})")
+        return Prepared(
+            policy, note=f"{fallback}: the cluster's node list is not available ({why})"
+        )
     facts = tuple(facts)
     nodes, missing = gpu_nodes(facts, policy), uncounted(facts, policy)
     if not nodes:
@@ -104,13 +58,14 @@ def view_of(facts: Iterable[NodeFacts], status: NodeStatus, policy: Policy) -> N
                 f"{policy.multi_gpu.resource_name}, and {policy.placed_by.title} counts no GPU "
                 "on a node without the count"
             )
-        return NodeView(note=f"{fallback}: {why}", uncounted=missing)
-    return NodeView(nodes, uncounted=missing)
+        return Prepared(policy, note=f"{fallback}: {why}", uncounted=missing)
+    return Prepared(policy, nodes, uncounted=missing)
 
 
 class NodeSource(Protocol):
-    def view(self, policy: Policy) -> NodeView:
-        """The nodes to check a pod against under ``policy``."""
+    def prepared(self, policy: Policy) -> Prepared:
+        """``policy`` prepared with the nodes to check a pod against; the same object
+        for as long as the policy and the node list are the same."""
 
     def status(self) -> NodeStatus:
         """The state of the source, for readiness and metrics."""
@@ -119,10 +74,14 @@ class NodeSource(Protocol):
 class NoNodes:
     """Node watching is off: every pod is checked against the policy."""
 
-    _VIEW = NodeView()
+    def __init__(self) -> None:
+        self._last: Prepared | None = None
 
-    def view(self, policy: Policy) -> NodeView:
-        return self._VIEW
+    def prepared(self, policy: Policy) -> Prepared:
+        last = self._last
+        if last is None or last.policy is not policy:
+            last = self._last = Prepared(policy)
+        return last
 
     def status(self) -> NodeStatus:
         return NodeStatus()

@@ -1,4 +1,4 @@
-"""The decision for one pod, as a pure function of (pod, policy, limits).
+"""The decision for one pod, as a pure function of (pod, prepared policy, limits).
 
 Owns the order of the rules: which pods are GPU-memory pods, then every
 check (``checks``, on what ``asks`` read), and only once the pod has passed
@@ -17,11 +17,11 @@ from typing import Any, Literal, NamedTuple
 
 from webhook.decision import affinity, checks, inject
 from webhook.decision.asks import ContainerAsk, collect_asks
-from webhook.decision.capacity import GpuLimits, limits_from_policy
+from webhook.decision.capacity import GpuLimits
 from webhook.decision.fields import CONTAINER_KINDS, STATUS_ANNOTATION, each_container, mapping
-from webhook.decision.layout import layout
 from webhook.decision.patch import Op, plain
 from webhook.decision.policy import Policy
+from webhook.decision.prepared import Prepared
 from webhook.errors import PodError, ShapeError
 from webhook.reasons import Reason
 
@@ -139,20 +139,22 @@ def _joined(problems: tuple[Problem, ...]) -> str:
 
 def plan(
     pod: object,
-    policy: Policy,
+    prepared: Prepared,
     *,
     namespace: str = "",
     limits: GpuLimits | None = None,
 ) -> Decision:
-    """Decide what to do with ``pod`` (a decoded Pod object) under ``policy``.
+    """Decide what to do with ``pod`` (a decoded Pod object) under ``prepared.policy``.
+
+    ``limits`` are the bounds for the pod's placement (None: the policy's).
 
     Under ``enforcement: warn`` (the policy's, or its namespace's) a pod that
     breaks a rule is admitted, with a warning for each refusal, and set up
     as far as that stays well defined (see ``NOT_INJECTABLE``).
     """
-    warn = policy.enforcement_for(namespace) == "warn"
+    warn = prepared.policy.enforcement_for(namespace) == "warn"
     try:
-        return _plan(pod, policy, namespace=namespace, limits=limits, warn=warn)
+        return _plan(pod, prepared, namespace=namespace, limits=limits, warn=warn)
     except PodError as error:
         return _judged([error], warn)
 
@@ -188,8 +190,9 @@ def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
 
 
 def _plan(
-    pod: object, policy: Policy, *, namespace: str, limits: GpuLimits | None, warn: bool
+    pod: object, prepared: Prepared, *, namespace: str, limits: GpuLimits | None, warn: bool
 ) -> Decision:
+    policy = prepared.policy
     if not isinstance(pod, dict):
         raise ShapeError("object", "a Pod object", pod)
     if namespace and namespace in policy.exclude_namespaces:
@@ -204,8 +207,8 @@ def _plan(
         return _judged(found, warn) if found else untouched(Reason.NO_GPU_REQUEST)
     spec = pod["spec"]  # an object: is_gpu_pod found GPUs in it
     metadata = mapping(pod, "metadata", path="", optional=True)
-    limits = limits or limits_from_policy(policy)
-    shape = layout(policy.shim, policy.env, policy.mib_per_unit)
+    limits = limits or prepared.policy_limits
+    shape = prepared.layout
 
     # Every refusal first, all of them: no op is built for a pod that is refused.
     found = []
@@ -237,9 +240,9 @@ def _plan(
     ops += affinity.affinity_ops(spec, policy)
     ops += inject.volume_ops(spec, shape)
     for ask, container, base in places:  # no token of base needs JSON-Pointer escaping
-        ops += inject.env_ops(container, base, ask, shape, warnings)
+        ops += inject.env_ops(container, base, ask, prepared, warnings)
         ops += inject.mount_ops(container, base, shape)
-    ops += inject.annotation_ops(metadata, asks, policy, demand)
+    ops += inject.annotation_ops(metadata, asks, prepared, demand)
     done = Decision(
         outcome="mutated" if ops else "unchanged",
         reason=Reason.MUTATED if ops else Reason.UNCHANGED,

@@ -1,18 +1,19 @@
 """AdmissionReview responses: allowed, denied, patched, errored, and their JSON.
 
-Owns the response envelope and the one place it is written as JSON. Every
-constructor echoes the request uid and
-answers in the apiVersion the request came in (the apiserver rejects a
-response in another version).
+Owns the response envelope and the one place an answer is written as JSON
+(:func:`encode`, with one encoder, its patch included). Every constructor
+echoes the request uid and answers in the apiVersion the request came in
+(the apiserver rejects a response in another version); ``patched`` keeps
+the patch as ops until then.
 """
 
 from __future__ import annotations
 
+import binascii
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from webhook.decision import patch
-from webhook.decision.jsontext import compact as compact_json
-from webhook.decision.jsontext import string
+from webhook.decision.jsontext import compact
 from webhook.decision.patch import Op
 from webhook.decision.reviews import Response, Review
 
@@ -51,7 +52,7 @@ def patched(
     response = allowed(uid, warnings=warnings, audit=audit)
     if ops:
         response["patchType"] = "JSONPatch"
-        response["patch"] = patch.encode(ops)
+        response["patch"] = tuple(ops)  # written by encode
     return response
 
 
@@ -104,24 +105,16 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)
 
 
-def encode(review: Review) -> bytes:
-    """The review as compact ASCII JSON, written field by field.
+def encode(review: Mapping[str, Any]) -> bytes:
+    """The review (or error) as compact JSON, in ASCII, its patch as the apiserver wants it.
 
-    NB: a patch is base64 ([A-Za-z0-9+/=]), which a JSON string holds as
-    it is; the json encoder would scan and copy its few KiB one character
-    at a time, which costs more than encoding all of the rest of the
-    answer. So each field is encoded on its own and the patch is quoted
-    as it is: the same text the encoder would make (a test holds them
-    equal), for a fifth of the instructions.
+    The patch is the base64 of its ops' JSON. ASCII, with the rest
+    escaped: a review's uid or a value the patch carries may hold a lone
+    surrogate, which has no UTF-8 form; escaped, it goes back as it came.
     """
     response = review.get("response")
-    if response is None or "patch" not in response:
-        return compact_json(review).encode("ascii")
-    fields = [
-        f'"patch":"{value}"'
-        if key == "patch"
-        else f"{string(key)}:{string(value) if type(value) is str else compact_json(value)}"
-        for key, value in response.items()
-    ]
-    head = f'{{"apiVersion":{string(review["apiVersion"])},"kind":"AdmissionReview"'
-    return f'{head},"response":{{{",".join(fields)}}}}}'.encode("ascii")
+    if response is not None and "patch" in response:
+        ops = compact([op.as_json() for op in response["patch"]]).encode("ascii")
+        text = binascii.b2a_base64(ops, newline=False).decode("ascii")
+        review = {**review, "response": {**response, "patch": text}}
+    return compact(review).encode("ascii")

@@ -1,12 +1,16 @@
 """AdmissionReview on the wire, as TypedDicts with the real camelCase keys.
 
 Owns the shape of ``admission.k8s.io/v1`` (and ``v1beta1``, which has the
-same fields) requests and responses. Types only: no behaviour.
+same fields) requests and responses. Types only: no behaviour. A response
+holds its patch as ops until ``webhook.decision.responses.encode`` writes
+it as base64 of their JSON.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
+
+from webhook.decision.patch import Op
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
@@ -50,7 +54,7 @@ class Response(TypedDict):
     allowed: bool
     status: NotRequired[Status]
     patchType: NotRequired[Literal["JSONPatch"]]
-    patch: NotRequired[str]
+    patch: NotRequired[str | tuple[Op, ...]]  # ops until responses.encode writes them
     warnings: NotRequired[list[str]]
     auditAnnotations: NotRequired[dict[str, str]]
 

@@ -35,9 +35,10 @@ import jsonpatch
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.capacity import gpu_node
 from webhook.decision.fields import STATUS_ANNOTATION, container_label
-from webhook.decision.nodes import NodeView, facts_of
+from webhook.decision.nodes import facts_of
 from webhook.decision.plan import Decision, is_gpu_pod, plan
 from webhook.decision.policy import Policy
+from webhook.decision.prepared import Prepared
 from webhook.preview import preview
 from webhook.reasons import Reason
 from webhook.report.objects import Objects
@@ -147,16 +148,16 @@ def build_report(
     """
     facts = [facts_of(node) for node in objects.nodes]
     gpus = [found for found in (gpu_node(f, policy) for f in facts) if found is not None]
-    view = NodeView(gpus) if gpus else NodeView()
+    prepared = Prepared(policy, gpus)
     accounts = account(objects.nodes, objects.pods, policy)
     pods = [
         _placed(p, accounts.placed, accounts.reserved, accounts.unaccounted)
         for pod in objects.pods
-        if (p := judge_pod(pod, policy, view))
+        if (p := judge_pod(pod, prepared))
     ]
     if usage is not None:
         pods = [dataclasses.replace(p, used_bytes=usage.get((p.namespace, p.name))) for p in pods]
-    workloads = [w for item in objects.workloads if (w := judge_workload(item, policy))]
+    workloads = [w for item in objects.workloads if (w := judge_workload(item, prepared))]
     notes = []
     if objects.finished:
         notes.append(f"{objects.finished} finished pods left out: they hold no GPU")
@@ -204,8 +205,9 @@ def _placed(
     return pod
 
 
-def judge_pod(pod: Mapping[str, Any], policy: Policy, view: NodeView) -> PodFinding | None:
+def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
     """The finding for one stored pod; None for a pod that is no GPU pod and breaks no rule."""
+    policy = prepared.policy
     meta = pod["metadata"]
     namespace, name = str(meta["namespace"]), str(meta["name"])
     raw = pod.get("spec")
@@ -217,7 +219,7 @@ def judge_pod(pod: Mapping[str, Any], policy: Policy, view: NodeView) -> PodFind
     # NB: the scheduler's binding sets nodeName on every placed pod; as created,
     # it had none (a pod created with one is judged as if it had not).
     created = {**pod, "spec": {k: v for k, v in spec.items() if k != "nodeName"}}
-    decision = plan(created, policy, namespace=namespace, limits=view.limits(spec, policy))
+    decision = plan(created, prepared, namespace=namespace, limits=prepared.limits(spec))
     if decision.outcome == "untouched":
         return None
     memory, unlimited = _held(spec, decision.asks, policy)
@@ -302,14 +304,16 @@ def _differences(pod: Mapping[str, Any], decision: Decision, policy: Policy) -> 
     return tuple(found) or ("no status annotation",)
 
 
-def judge_workload(item: Mapping[str, Any], policy: Policy) -> WorkloadFinding | None:
+def judge_workload(item: Mapping[str, Any], prepared: Prepared) -> WorkloadFinding | None:
     """A workload's templates judged as its pods will be; None when none asks for a GPU."""
+    policy = prepared.policy
     meta = item["metadata"]
     namespace, name, kind = str(meta["namespace"]), str(meta["name"]), str(item["kind"])
     excluded = namespace in policy.exclude_namespaces
     # Judged as if not excluded, to tell a GPU workload in an excluded namespace from others.
-    judging = dataclasses.replace(policy, exclude_namespaces=()) if excluded else policy
-    result = preview(item, judging, namespace=namespace)
+    if excluded:
+        prepared = Prepared(dataclasses.replace(policy, exclude_namespaces=()), prepared.nodes)
+    result = preview(item, prepared, namespace=namespace)
     judged = [(where, d) for where, d in result.decisions if d.outcome != "untouched"]
     if not judged:
         return None

@@ -137,12 +137,13 @@ class Mutate:
         if isinstance(body, tuple):
             return body  # the error answer
         state = self.state
-        policy = state.policy.get()
-        view = state.nodes.view(policy)
-        result = admit(body, policy, view)
+        prepared = state.nodes.prepared(state.policy.get())
+        result = admit(body, prepared)
         elapsed = time.perf_counter() - started
         if state.metrics is not None:
-            state.metrics.observe(result, elapsed, fallback=bool(view.note), policy=policy)
+            state.metrics.observe(
+                result, elapsed, fallback=bool(prepared.note), policy=prepared.policy
+            )
         log_admission(result, elapsed)
         return result.status, result.encode(), []
 

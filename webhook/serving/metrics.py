@@ -248,7 +248,7 @@ class LiveState(Collector):
         yield failures
 
         status = self.nodes.status()
-        view = self.nodes.view(policy)
+        view = self.nodes.prepared(policy)
         gpu_nodes: tuple[GpuNode, ...] = tuple(view.nodes or ())
         yield _gauge(
             "gpushare_node_watch_enabled", "1 when --watch-nodes is on", int(status.watching)

@@ -4,8 +4,9 @@ The server's one node watch (``webhook.cluster.nodewatch``, a process of its
 own) replaces a snapshot file whenever what it knows changes; each worker
 follows that file with the rule the policy follows (``webhook.serving.watch``:
 looked at every ``interval``, the last good snapshot kept if one cannot be
-read), and makes one ``NodeView`` per snapshot and policy, which remembers the
-bounds of each placement. No worker imports the kubernetes client or talks
+read), and prepares the policy once per snapshot and policy
+(``webhook.decision.prepared.Prepared``, which keeps the bounds of each
+placement). No worker imports the kubernetes client or talks
 to the API.
 """
 
@@ -17,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from webhook.decision.capacity import NodeFacts
-from webhook.decision.nodes import NodeStatus, NodeView, decode_snapshot, view_of
+from webhook.decision.nodes import NodeStatus, decode_snapshot, prepare
 from webhook.decision.policy import Policy
+from webhook.decision.prepared import Prepared
 from webhook.errors import SnapshotError
 from webhook.serving.watch import WatchedFiles, replaced
 
@@ -56,7 +58,7 @@ class SharedNodes:
             changed=replaced,
             on_error=lambda error: log.error("node snapshot not read, keeping the last: %s", error),
         )
-        self._cache: tuple[Snapshot, Policy, NodeView] | None = None
+        self._last: tuple[Snapshot, Prepared] | None = None
 
     def liveness(self) -> tuple[bool, str]:
         """For /healthz: a server whose node watch is gone for good should be restarted."""
@@ -70,14 +72,14 @@ class SharedNodes:
             return dataclasses.replace(status, connected=False, problem=STOPPED)
         return status
 
-    def view(self, policy: Policy) -> NodeView:
+    def prepared(self, policy: Policy) -> Prepared:
         snapshot = self._file.get()
-        cache = self._cache
-        if cache is not None and cache[0] is snapshot and cache[1] is policy:
-            return cache[2]
+        last = self._last
+        if last is not None and last[0] is snapshot and last[1].policy is policy:
+            return last[1]
         status, facts = snapshot
-        view = view_of(facts, status, policy)
-        if view.uncounted and (cache is None or cache[2].uncounted != view.uncounted):
+        view = prepare(facts, status, policy)
+        if view.uncounted and (last is None or last[1].uncounted != view.uncounted):
             log.warning(
                 "%d node(s) report %s but no %s, so %s places no GPU pod on them: %s; "
                 "the GPU-share device plugin reports both",
@@ -87,5 +89,5 @@ class SharedNodes:
                 policy.placed_by.title,
                 ", ".join(view.uncounted[:10]) + (", ..." if len(view.uncounted) > 10 else ""),
             )
-        self._cache = (snapshot, policy, view)
+        self._last = (snapshot, view)
         return view

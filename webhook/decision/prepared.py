@@ -1,0 +1,85 @@
+"""A policy made ready for reviews, with the GPU nodes it bounds pods by: the one memo.
+
+Owns what a review needs that depends only on the policy and the node
+list: the layout the shim section gives (``layout``), the bounds the
+policy sets, the GPU nodes with the note that says why none are known,
+and the one memo of the decision. What also depends on a pod (the
+variables pinned for an ask, the status text, LD_PRELOAD with the shim
+first, the bounds of a placement) repeats across the pods of a workload,
+so it is kept here the first time, under a key its user chooses. The
+memo lives and dies with this object: a new policy, or a new node list,
+makes a new :class:`Prepared` (``webhook.decision.nodes.NodeSource``), so
+nothing kept can outlive what it was made from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from webhook.decision.capacity import (
+    GpuLimits,
+    GpuNode,
+    limits_from_policy,
+    limits_over,
+    placement_key,
+)
+from webhook.decision.layout import Layout, layout_of
+from webhook.decision.policy import Policy
+
+T = TypeVar("T")
+
+
+class Prepared:
+    """``policy`` and the GPU nodes a review is checked against (None: the policy's sizes).
+
+    ``note`` says why the policy's sizes are used although nodes were asked
+    for; it becomes an AdmissionResponse warning on GPU pods.
+    """
+
+    MEMO_KEPT = 4096  # values kept at once: a bound, not an eviction policy (refilling is cheap)
+
+    def __init__(
+        self,
+        policy: Policy,
+        nodes: Sequence[GpuNode] | None = None,
+        note: str = "",
+        *,
+        uncounted: Sequence[str] = (),
+    ) -> None:
+        self.policy = policy
+        self.nodes: tuple[GpuNode, ...] | None = tuple(nodes) if nodes else None
+        self.note = note
+        # Nodes that report GPU memory but no GPU count: the scheduler counts
+        # no GPU there, so they bound no pod (the node watch logs them).
+        self.uncounted = tuple(uncounted)
+        self.layout: Layout = layout_of(policy)
+        self.policy_limits: GpuLimits = limits_from_policy(policy)
+        self._memo: dict[Hashable, Any] = {}
+
+    def remember(self, key: Hashable, make: Callable[[], T]) -> T:
+        """What ``make()`` returns, made the first time ``key`` is asked for.
+
+        The key names what is kept (its first item, by convention) and
+        everything it is made from besides the policy and the nodes.
+        """
+        memo = self._memo
+        if key in memo:
+            return memo[key]  # type: ignore[no-any-return]
+        if len(memo) >= self.MEMO_KEPT:
+            memo.clear()
+        found = memo[key] = make()
+        return found
+
+    def limits(self, spec: Mapping[str, Any]) -> GpuLimits:
+        """The bounds for a pod with this spec: the largest GPU it may be placed on.
+
+        Working them out passes over every GPU node (about 1 ms for 500),
+        and pods share placements (most have none): kept per placement.
+        """
+        nodes = self.nodes
+        if nodes is None:
+            return self.policy_limits
+        return self.remember(
+            ("bounds", placement_key(spec)), lambda: limits_over(spec, nodes, self.policy)
+        )
