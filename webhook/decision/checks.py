@@ -14,7 +14,7 @@ None returns a patch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.capacity import GpuLimits
@@ -281,34 +281,77 @@ def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout, found
             )
 
 
-def mount_key(mount: Mapping[str, Any]) -> str:
-    """A mount's path with one trailing slash, as the layout's paths are written.
+class GpuContainer(NamedTuple):
+    """One GPU container as the checks read it, once: what the injection builds its ops from.
 
-    NB: a mount without a string mountPath is refused by the API server's
-    validation; read as "/", it is no path of the webhook's.
+    ``env`` and ``mounts`` are None where the container has none (the
+    injection then adds the whole list); ``our_mounts`` is where each of the
+    webhook's mounts the container already has stands (its path, with one
+    trailing slash, to its index), found by the same walk that checks them.
     """
-    path = mount.get("mountPath")
-    return folder(path if type(path) is str else "")
+
+    ask: ContainerAsk
+    container: Mapping[str, Any]
+    base: str  # its JSON Pointer: /spec/containers/0
+    env: list[Any] | None
+    mounts: list[Any] | None
+    our_mounts: dict[str, int]
 
 
-def check_mounts(
-    container: Mapping[str, Any], ask: ContainerAsk, layout: Layout, found: Problems
-) -> None:
-    """No mount of the container may replace or hide what the webhook mounts, nor move it."""
+def check_gpu_container(
+    spec: Mapping[str, Any], ask: ContainerAsk, layout: Layout, found: Problems
+) -> GpuContainer:
+    """The env and mounts of one GPU container, each read once: what the webhook can read, and
+    no mount that would replace, hide or move what it mounts."""
+    container = spec[ask.kind][ask.position]
+    env = _listed(container, "env", ask, found)
+    for index, entry in enumerate(env):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if type(name) is not str:
+            found.append(
+                ShapeError(f"{ask.label} env[{index}]", "an object with a string name", entry)
+            )
+        if name == PRELOAD and "valueFrom" in entry:
+            found.append(
+                PodError(
+                    f"{ask.label} sets {PRELOAD} with valueFrom; the webhook must know its value "
+                    "to put the GPU shim first: set it with a plain value",
+                    reason=Reason.PRELOAD_VALUE_FROM,
+                )
+            )
+    mounts = _listed(container, "volumeMounts", ask, found)
+    ours = _check_mounts(mounts, ask, layout, found)
+    return GpuContainer(
+        ask,
+        container,
+        f"/spec/{ask.kind}/{ask.position}",  # no token of it needs JSON-Pointer escaping
+        env if container.get("env") is not None else None,
+        mounts if container.get("volumeMounts") is not None else None,
+        ours,
+    )
+
+
+def _check_mounts(
+    mounts: list[Any], ask: ContainerAsk, layout: Layout, found: Problems
+) -> dict[str, int]:
+    """Where the webhook's own mounts stand; every other mount that would meet them is refused."""
     placed, holds = layout.placed, layout.holds
     shim_dir = layout.mount_dir
-    ours: set[str] = set()
-    for index, mount in enumerate(_listed(container, "volumeMounts", ask, found)):
+    ours: dict[str, int] = {}
+    for index, mount in enumerate(mounts):
         if not isinstance(mount, dict):
             found.append(
                 ShapeError(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
             )
             continue
-        path = mount_key(mount)
+        # NB: a mount without a string mountPath is refused by the API server's
+        # validation; read as "/", it is no path of the webhook's.
+        raw = mount.get("mountPath")
+        path = folder(raw if type(raw) is str else "")
         name = mount.get("name")
         name = name if isinstance(name, str) else repr(name)  # a name the API server refuses
         if (name, path) in placed and path not in ours:
-            ours.add(path)
+            ours[path] = index
         elif name in layout.volume_names:
             found.append(
                 PodError(
@@ -345,24 +388,7 @@ def check_mounts(
                     reason=Reason.SHIM_MOUNT,
                 )
             )
-
-
-def check_env(container: Mapping[str, Any], ask: ContainerAsk, found: Problems) -> None:
-    """Every env entry has a string name, and LD_PRELOAD a value the webhook can read."""
-    for index, entry in enumerate(_listed(container, "env", ask, found)):
-        name = entry.get("name") if isinstance(entry, dict) else None
-        if type(name) is not str:
-            found.append(
-                ShapeError(f"{ask.label} env[{index}]", "an object with a string name", entry)
-            )
-        if name == PRELOAD and "valueFrom" in entry:
-            found.append(
-                PodError(
-                    f"{ask.label} sets {PRELOAD} with valueFrom; the webhook must know its value "
-                    "to put the GPU shim first: set it with a plain value",
-                    reason=Reason.PRELOAD_VALUE_FROM,
-                )
-            )
+    return ours
 
 
 def check_annotations(metadata: Mapping[str, Any], found: Problems) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from webhook.decision import jsontext, patch
 from webhook.decision.asks import ContainerAsk
-from webhook.decision.checks import mount_key
+from webhook.decision.checks import GpuContainer
 from webhook.decision.fields import STATUS_ANNOTATION
 from webhook.decision.layout import PRELOAD, Layout
 from webhook.decision.patch import Op
@@ -46,16 +46,12 @@ def volume_ops(spec: Mapping[str, Any], layout: Layout) -> list[Op]:
     ]
 
 
-def mount_ops(container: Mapping[str, Any], base: str, layout: Layout) -> list[Op]:
-    mounts = container.get("volumeMounts")
+def mount_ops(gpu: GpuContainer, layout: Layout) -> list[Op]:
+    """The webhook's mounts, each where the layout puts it; the container's others left."""
+    mounts, ours, base = gpu.mounts, gpu.our_mounts, gpu.base
     if mounts is None:
         entries = [mount.entry for mount in layout.mounts]
-        return [patch.set_field(container, "volumeMounts", base, entries)]
-    ours: dict[str, int] = {}
-    for index, mount in enumerate(mounts):
-        name = mount.get("name")
-        if isinstance(name, str) and name in layout.volume_names:
-            ours.setdefault(mount_key(mount), index)
+        return [patch.set_field(gpu.container, "volumeMounts", base, entries)]
     ops: list[Op] = []
     missing: list[Op] = []
     for path, entry, _ in layout.mounts:
@@ -66,13 +62,7 @@ def mount_ops(container: Mapping[str, Any], base: str, layout: Layout) -> list[O
     return ops + missing
 
 
-def env_ops(
-    container: Mapping[str, Any],
-    base: str,
-    ask: ContainerAsk,
-    prepared: Prepared,
-    warnings: list[str],
-) -> list[Op]:
+def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[Op]:
     """Ops that leave the container's env as the shim needs it, and nothing else changed.
 
     The limit variables and LD_PRELOAD are set where the container has them
@@ -82,13 +72,12 @@ def env_ops(
     then removals from the highest index down, so no op shifts another's
     target; appends last.
     """
-    layout = prepared.layout
+    ask, env, base, layout = gpu.ask, gpu.env, gpu.base, prepared.layout
     key = (ask.name, ask.memory, ask.gpus, ask.compute)
     pinned = prepared.remember(("pinned", *key), lambda: layout.pin(*key))
     wanted = pinned.values
-    env = container.get("env")
     if env is None:
-        return [patch.set_field(container, "env", base, pinned.env)]
+        return [patch.set_field(gpu.container, "env", base, pinned.env)]
     prefixes = (layout.memory_limit, layout.sm_limit)
     replaced: list[tuple[int, str, str]] = []  # (index, name, value)
     removed: list[int] = []

@@ -222,12 +222,7 @@ def _plan(
     asks = collect_asks(spec, policy, limits, labels, found)
     demand = checks.check_fit(asks, policy, limits, found)
     checks.check_volumes(spec, policy, shape, found)
-    places = [
-        (ask, spec[ask.kind][ask.position], f"/spec/{ask.kind}/{ask.position}") for ask in asks
-    ]
-    for ask, container, _ in places:
-        checks.check_env(container, ask, found)
-        checks.check_mounts(container, ask, shape, found)
+    seen = [checks.check_gpu_container(spec, ask, shape, found) for ask in asks]
     checks.check_annotations(metadata, found)
     if found and (not warn or not asks or NOT_INJECTABLE & {e.reason for e in found}):
         return _judged(found, warn)
@@ -239,9 +234,9 @@ def _plan(
     ops = [] if keep_scheduler else inject.scheduler_ops(spec, policy)
     ops += affinity.affinity_ops(spec, policy)
     ops += inject.volume_ops(spec, shape)
-    for ask, container, base in places:  # no token of base needs JSON-Pointer escaping
-        ops += inject.env_ops(container, base, ask, prepared, warnings)
-        ops += inject.mount_ops(container, base, shape)
+    for gpu in seen:
+        ops += inject.env_ops(gpu, prepared, warnings)
+        ops += inject.mount_ops(gpu, shape)
     ops += inject.annotation_ops(metadata, asks, prepared, demand)
     done = Decision(
         outcome="mutated" if ops else "unchanged",
