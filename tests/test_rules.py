@@ -1,14 +1,17 @@
 """The rules, one case each: tests/rules/<topic>.yaml, a pod and the answer it must get.
 
-Each case states the rule it pins (``rule``), then the pod's ``spec`` (and
-``metadata`` over the usual name and namespace; or a whole ``object``),
-optionally a ``policy``
-(YAML text), the cluster's ``nodes`` (Node objects as the API serves them)
-and ``request`` fields over the usual CREATE of a Pod. ``answer`` is what
-the webhook says, through ``admit`` as the API server calls it: outcome,
-reason, HTTP code and message of a refusal, warnings, audit annotations and
-the patch, decoded. ``GOLDEN_UPDATE=1 pytest tests/test_rules.py`` rewrites
-the answers; read the diff before committing it.
+Each case states the rule it pins (``rule``; its test id is made from that
+text), then the pod's ``spec`` (and ``metadata`` over the usual name and
+namespace; or a whole ``object``), optionally a ``policy`` (YAML text), the
+cluster's ``nodes`` (Node objects as the API serves them) and ``request``
+fields over the usual CREATE of a Pod. ``answer`` is what the webhook says,
+through ``admit`` as the API server calls it: outcome, reason, HTTP code
+and message of a refusal, warnings, audit annotations, and the patch,
+decoded, less what every GPU pod of the policy gets alike: the scheduler's
+name and the layout's volumes and mounts, each added as the layout has
+them, are named by path only (``setUp``), so a change of layout rewrites
+the goldens, not every case. ``GOLDEN_UPDATE=1 pytest tests/test_rules.py``
+rewrites the answers; read the diff before committing it.
 
 Where the goldens in tests/golden show whole AdmissionReviews for the
 common cases, these tables reach each rule in every position it can be met
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +52,9 @@ CASES = [(path, index, case) for path in FILES for index, case in enumerate(_loa
 
 
 def _id(path: Path, index: int, case: dict[str, Any]) -> str:
-    return f"{path.stem}-{index}"
+    """The case's id, from its rule's text: it names the rule, and stays when cases move."""
+    words = re.sub(r"[^a-z0-9]+", "-", str(case.get("rule", index)).lower()).strip("-")
+    return f"{path.stem}:{words[:80].rstrip('-')}"
 
 
 def _policy(case: dict[str, Any]) -> Policy:
@@ -77,9 +83,28 @@ def _pod(case: dict[str, Any]) -> Any:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": case["spec"]}
 
 
+_MOUNTS = re.compile(r"/spec/(initContainers|containers)/\d+/volumeMounts")
+
+
+def _set_up(op: dict[str, Any], prepared: Prepared) -> bool:
+    """Whether ``op`` adds what every GPU pod of the policy gets, as the layout has it."""
+    path, value, layout = op["path"], op.get("value"), prepared.layout
+    if op["op"] != "add":
+        return False
+    volumes, mounts = list(layout.volumes), [mount.entry for mount in layout.mounts]
+    return (
+        (path == "/spec/schedulerName" and value == prepared.policy.scheduler_name)
+        or (path == "/spec/volumes" and value == volumes)
+        or (path == "/spec/volumes/-" and value in volumes)
+        or (_MOUNTS.fullmatch(path) is not None and value == mounts)
+        or (path.endswith("/-") and _MOUNTS.fullmatch(path[:-2]) is not None and value in mounts)
+    )
+
+
 def answer_of(case: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The answer to the case's review, readable, and the patch's operations."""
-    result = admit(json.dumps(_request(case, _pod(case))).encode(), _prepared(case))
+    """The answer to the case's review, readable, and the patch's operations (all of them)."""
+    prepared = _prepared(case)
+    result = admit(json.dumps(_request(case, _pod(case))).encode(), prepared)
     assert result.status == 200, result.body
     response = json.loads(result.encode())["response"]  # as it goes on the wire
     ops = decode_patch(response)
@@ -93,8 +118,12 @@ def answer_of(case: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]
     for key in ("warnings", "auditAnnotations"):
         if key in response:
             answer[key] = response[key]
-    if ops:
-        answer["patch"] = ops
+    set_up = [op for op in ops if _set_up(op, prepared)]
+    if set_up:
+        answer["setUp"] = list(dict.fromkeys(op["path"] for op in set_up))
+    rest = [op for op in ops if op not in set_up]
+    if rest:
+        answer["patch"] = rest
     return answer, ops
 
 
@@ -119,3 +148,5 @@ def test_rule(path: Path, index: int, case: dict[str, Any]) -> None:
 def test_each_rule_is_stated_once() -> None:
     rules = [case.get("rule") for _, _, case in CASES]
     assert len(rules) == len(set(rules)), "two cases state the same rule"
+    ids = [_id(*case) for case in CASES]
+    assert len(ids) == len(set(ids)), "two rules read alike in their first 80 characters"
