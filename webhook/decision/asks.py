@@ -42,10 +42,6 @@ class ContainerAsk(NamedTuple):
         return container_label(self.kind, self.name)
 
 
-# NB: as NamedTuple's own __new__ makes one, minus its Python frame (one per GPU container).
-_new = tuple.__new__
-
-
 def _resources(
     container: Mapping[str, Any], kind: str, index: int
 ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
@@ -202,7 +198,7 @@ def _ask(
         compute = _default_compute(memory, policy, limits)
     asked = compute_raw is not None
     name = str(container.get("name"))
-    return _new(ContainerAsk, (kind, index, name, memory, gpus, compute, asked))
+    return ContainerAsk(kind, index, name, memory, gpus, compute, asked)
 
 
 def _one_gpu_only(
