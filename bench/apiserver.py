@@ -16,8 +16,10 @@ guard (the ValidatingAdmissionPolicy of ``policy guard``, bound to it
 alone): its creates against the first namespace's are the guard's cost
 (the API server times only the checks that fail). A fifth has a policy of
 one expression (``true``) with the guard's match instead: what any policy
-costs, whatever its expressions. Pods are deleted after
-each round. Not a test: it never fails on a timing.
+costs, whatever its expressions. Two more have the floor answering with
+a fixed patch that adds the same 36 annotations, in one op or in 36: the
+API server's cost per op of a patch, whatever the webhook. Pods are
+deleted after each round. Not a test: it never fails on a timing.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ FLOOR_HOOK = 'name="bench-floor.tests.gpushare-webhook.io"'
 SENT, FLOOR, UNSENT = "bench-sent", "bench-floor", "bench-unsent"
 GUARDED = "bench-guarded"  # our webhook, then the guard (webhook.decision.guard)
 TRIVIAL = "bench-trivial"  # our webhook, then a policy of one expression: what any policy costs
+ONE_OP, MANY_OPS = "bench-one-op", "bench-many-ops"  # the floor, with one patch in 1 or 36 ops
+PATCH_OPS = 36
+NAMESPACES = (SENT, FLOOR, UNSENT, GUARDED, TRIVIAL, ONE_OP, MANY_OPS)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -140,7 +145,7 @@ def _histogram(metrics: str, hook: str = HOOK) -> tuple[float, dict[float, float
     return first, buckets
 
 
-def _start_floor(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
+def _start_floor(folder: Path, patch: str = "none") -> tuple[subprocess.Popen[bytes], int]:
     """bench/floor.py, the least a webhook can do, with the webhook's own certificate."""
     port = free_port()
     context = ssl.create_default_context(cafile=str(folder / "mounted" / "ca.crt"))
@@ -150,6 +155,8 @@ def _start_floor(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
         f"--bind=127.0.0.1:{port}",
         f"--cert={folder / 'mounted' / 'tls.crt'}",
         f"--key={folder / 'mounted' / 'tls.key'}",
+        f"--patch={patch}",
+        f"--ops={PATCH_OPS}",
     ]
     # The certificate certs install made names 127.0.0.1, not localhost.
     process, _ = start(cmd, port, context, host="127.0.0.1")
@@ -189,36 +196,40 @@ def run(quick: bool) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="gpushare-bench-apiserver-"))
     rounds, per_round = (2, 60) if quick else (3, 400)
     results: dict[str, Any] = {}
-    floor: tuple[subprocess.Popen[bytes], int] | None = None
+    floors: list[subprocess.Popen[bytes]] = []
     with running(root / "cluster", binaries) as plane:
         installed = install(plane, root / "webhook", workers=None)  # as deployed
         try:
-            for namespace in (SENT, FLOOR, UNSENT, GUARDED, TRIVIAL):
+            for namespace in NAMESPACES:
                 plane.kubectl("create", "namespace", namespace)
             _apply_guard(plane, installed)
-            for namespace in (FLOOR, UNSENT):
+            for namespace in (FLOOR, UNSENT, ONE_OP, MANY_OPS):
                 plane.kubectl(
                     "label", "namespace", namespace, "gpushare-webhook.io/injection=disabled"
                 )
-            floor = _start_floor(root / "webhook")
-            register_webhook(
-                plane,
-                "bench-floor",
-                port=floor[1],
-                ca_pem=installed.server.ca.read_bytes(),
-                namespace=FLOOR,
-                path="/mutate",
-            )
-            for namespace in (SENT, FLOOR, UNSENT, GUARDED, TRIVIAL):
+            for name, namespace, patch in (
+                ("bench-floor", FLOOR, "none"),
+                ("bench-one-op", ONE_OP, "one"),
+                ("bench-many-ops", MANY_OPS, "many"),
+            ):
+                process, port = _start_floor(root / "webhook", patch)
+                floors.append(process)
+                register_webhook(
+                    plane,
+                    name,
+                    port=port,
+                    ca_pem=installed.server.ca.read_bytes(),
+                    namespace=namespace,
+                    path="/mutate",
+                )
+            for namespace in NAMESPACES:
                 wait_for_service_account(installed.api, namespace)
-            for namespace in (SENT, FLOOR, UNSENT, GUARDED, TRIVIAL):  # warm every path
+            for namespace in NAMESPACES:  # warm every path
                 _create(plane, namespace, 20, 4, 10**6)
                 _delete_all(plane, namespace)
             index = 0
             for level in (1, 8, 32):
-                latencies: dict[str, list[float]] = {
-                    name: [] for name in (SENT, FLOOR, UNSENT, GUARDED, TRIVIAL)
-                }
+                latencies: dict[str, list[float]] = {name: [] for name in NAMESPACES}
                 count = per_round if level > 1 else per_round // 2
                 metrics = plane.metrics()
                 before = {hook: _histogram(metrics, hook)[1] for hook in (HOOK, FLOOR_HOOK)}
@@ -257,12 +268,23 @@ def run(quick: bool) -> dict[str, Any]:
                     "trivial_policy_p50_ms": round(
                         statistics.median(latencies[TRIVIAL]) - statistics.median(sent), 2
                     ),
+                    "create_p50_ms_one_op": round(statistics.median(latencies[ONE_OP]), 2),
+                    "create_p50_ms_many_ops": round(statistics.median(latencies[MANY_OPS]), 2),
+                    "per_op_us": round(
+                        (
+                            statistics.median(latencies[MANY_OPS])
+                            - statistics.median(latencies[ONE_OP])
+                        )
+                        * 1000
+                        / (PATCH_OPS - 1),
+                        1,
+                    ),
                 }
         finally:
             stop_server(installed.server)
-            if floor is not None:
-                floor[0].terminate()
-                floor[0].wait(15)
+            for process in floors:
+                process.terminate()
+                process.wait(15)
     return results
 
 
@@ -282,4 +304,9 @@ def report(results: dict[str, Any]) -> None:
             f"({row['guarded_to_webhook_p50']:.3f} of the webhook alone), "
             f"{row['guard_p50_ms']:+.2f} ms; a policy of one expression "
             f"{row['trivial_policy_p50_ms']:+.2f} ms"
+        )
+        print(
+            f"        the floor with {PATCH_OPS} annotations in one op / in {PATCH_OPS} ops: p50 "
+            f"{row['create_p50_ms_one_op']:.2f} / {row['create_p50_ms_many_ops']:.2f} ms, "
+            f"{row['per_op_us']:+.1f} us per op"
         )
