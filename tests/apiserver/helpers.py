@@ -177,7 +177,8 @@ def delete_namespaces(api: client.ApiClient, *names: str) -> None:
 
 
 def shared_objects(api: client.ApiClient) -> set[str]:
-    """What tests may leave in the shared control plane: nodes, live namespaces, webhooks."""
+    """What tests may leave in the shared control plane: nodes, live namespaces, webhooks,
+    admission policies (the guard) and their bindings."""
     core = client.CoreV1Api(api)
     found = {f"node/{n.metadata.name}" for n in core.list_node().items}
     found |= {
@@ -189,6 +190,14 @@ def shared_objects(api: client.ApiClient) -> set[str]:
     found |= {
         f"mutatingwebhookconfiguration/{c.metadata.name}"
         for c in admission.list_mutating_webhook_configuration().items
+    }
+    found |= {
+        f"validatingadmissionpolicy/{p.metadata.name}"
+        for p in admission.list_validating_admission_policy().items
+    }
+    found |= {
+        f"validatingadmissionpolicybinding/{b.metadata.name}"
+        for b in admission.list_validating_admission_policy_binding().items
     }
     return found
 

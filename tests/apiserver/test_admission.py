@@ -9,6 +9,7 @@ matchConditions and namespaceSelector, reinvocation, warnings, audit.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -36,10 +37,12 @@ from tests.apiserver.helpers import (
     tiny_webhook,
     wait_for_service_account,
 )
-from tests.controlplane.install import NS, Installed
+from tests.controlplane.install import GUARD, NS, Installed
 from tests.helpers import GPU, env_of, eventually
 from webhook import tls
 from webhook.decision import responses
+from webhook.decision.guard import guard
+from webhook.decision.policy import parse_policy_text
 
 TEAM = "team-a"
 SHIM = "/usr/local/vgpu/libvgpu.so"
@@ -163,6 +166,55 @@ def test_env_from_cannot_loosen_a_pinned_limit(cluster: Installed) -> None:
     assert env["CUDA_REDIRECT"] == "/usr/local/vgpu/libvgpu.so"
 
 
+@contextlib.contextmanager
+def _serving(cluster: Installed, text: str, *, probe: dict[str, Any]) -> Iterator[None]:
+    """Serve policy ``text`` for the block, then the policy before it.
+
+    A guard another test has bound follows the policy, as an operator keeps
+    it (``policy guard`` after each edit; Helm on upgrade): made from
+    ``text`` for the block, put back as it was after. The block starts once
+    a pod of ``probe`` (a pod template) passes both.
+    """
+    served = Path(cluster.args[cluster.args.index("--policy") + 1])
+    before = served.read_text()
+    found = cluster.plane.kubectl("get", "validatingadmissionpolicy", "-o", "json").stdout
+    saved = [p for p in json.loads(found)["items"] if p["metadata"]["name"] == GUARD]
+    cluster.set_policy(text)
+    try:
+        if saved:
+            _apply_policy(cluster, guard(parse_policy_text(text))[0])
+        body = {"apiVersion": "v1", "kind": "Pod", **probe}
+        body["metadata"] = {**probe.get("metadata", {}), "name": "probe"}
+        core = client.CoreV1Api(cluster.api)
+
+        def admitted() -> bool:
+            try:
+                core.create_namespaced_pod(TEAM, body, dry_run="All")
+            except client.exceptions.ApiException:
+                return False
+            return True
+
+        eventually(admitted)
+        yield
+    finally:
+        cluster.set_policy(before)
+        if saved:
+            _apply_policy(cluster, saved[0])
+
+
+def _apply_policy(cluster: Installed, policy: dict[str, Any]) -> None:
+    kept = {
+        k: policy["metadata"][k]
+        for k in ("name", "labels", "annotations")
+        if k in policy["metadata"]
+    }
+    body = {"apiVersion": policy["apiVersion"], "kind": policy["kind"], "metadata": kept}
+    body["spec"] = policy["spec"]
+    cluster.plane.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=json.dumps(body)
+    )
+
+
 def test_the_gpu_count_label_of_acks_sample_job_reaches_its_pod(cluster: Installed) -> None:
     # ACK's multi-GPU sample: the count is a label of the Job's pod template.
     job = {
@@ -182,13 +234,11 @@ def test_the_gpu_count_label_of_acks_sample_job_reaches_its_pod(cluster: Install
     # Only ACK's scheduler reads the label; the open-source extender's default refuses it.
     served = Path(cluster.args[cluster.args.index("--policy") + 1])
     before = served.read_text()
-    cluster.set_policy(yaml.safe_dump({**(yaml.safe_load(before) or {}), "scheduler": "ack"}))
-    try:
+    ack = yaml.safe_dump({**(yaml.safe_load(before) or {}), "scheduler": "ack"})
+    core = client.CoreV1Api(cluster.api)
+    with _serving(cluster, ack, probe=job["spec"]["template"]):
         cluster.plane.kubectl("apply", "-n", TEAM, "-f", "-", stdin=json.dumps(job))
-        core = client.CoreV1Api(cluster.api)
         eventually(lambda: core.list_namespaced_pod(TEAM, label_selector="app=multigpu").items)
-    finally:
-        cluster.set_policy(before)
     (made,) = core.list_namespaced_pod(TEAM, label_selector="app=multigpu").items
     env = env_of(stored_pod(cluster.api, TEAM, made.metadata.name)["spec"]["containers"][0])
     limits = {k: v for k, v in env.items() if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")}
