@@ -11,6 +11,7 @@ import pytest
 from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node, placement_key, uncounted
 from webhook.decision.nodes import (
     NodeStatus,
+    NoNodes,
     capacity_kept,
     decode_snapshot,
     encode_snapshot,
@@ -72,7 +73,17 @@ def test_nodes_without_a_count_are_named_where_the_scheduler_sees_no_gpu() -> No
     # Only nodes without a count: the policy's size stands in, and the note says why.
     alone = prepare(facts[1:], synced, DEFAULT_POLICY)
     assert alone.nodes is None
+    assert alone.uncounted == ("countless",)
     assert "no node reports both aliyun.com/gpu-mem and aliyun.com/gpu-count" in alone.note
+
+
+def test_without_nodes_a_policy_is_prepared_once_until_it_changes() -> None:
+    source, other = NoNodes(), parse_policy({"gpuMemory": 24})
+    first = source.prepared(DEFAULT_POLICY)
+    assert source.prepared(DEFAULT_POLICY) is first
+    assert source.prepared(other).policy is other
+    assert source.prepared(other) is source.prepared(other)
+    assert source.prepared(DEFAULT_POLICY) is not first  # made again, as the policy was
 
 
 def test_gpu_node_follows_the_policy_resource_names() -> None:

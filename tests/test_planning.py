@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import GPU, apply, container, env_of, pod
-from webhook.decision.capacity import GpuNode, limits_for
+from webhook.decision.capacity import GpuNode, limits_over
 from webhook.decision.plan import (
     STATUS_ANNOTATION,
     WOULD_REFUSE,
@@ -443,7 +443,7 @@ def test_limits_follow_node_selection(
     for nodes in (NODES, NODES[::-1]):
         prepared = Prepared(DEFAULT_POLICY, nodes)
         for limits in (
-            limits_for(spec, DEFAULT_POLICY, nodes),
+            limits_over(spec, nodes, DEFAULT_POLICY),
             prepared.limits(spec),
             prepared.limits(spec),
         ):
@@ -494,11 +494,11 @@ def _affinity(key: str, operator: str, values: list[str]) -> dict[str, Any]:
 
 def test_cluster_limits_reach_the_message() -> None:
     obj = pod(container(gpu="24"), nodeSelector={"pool": "t4"})
-    decision = decide(obj, limits=limits_for(obj["spec"], DEFAULT_POLICY, NODES))
+    decision = decide(obj, limits=limits_over(obj["spec"], NODES, DEFAULT_POLICY))
     assert not decision.allowed
     assert "16 GiB (1 node of the GPU nodes this pod's node selector allows)" in decision.message
     big = pod(container(gpu="24"))
-    assert decide(big, limits=limits_for(big["spec"], DEFAULT_POLICY, NODES)).allowed
+    assert decide(big, limits=limits_over(big["spec"], NODES, DEFAULT_POLICY)).allowed
 
 
 def test_proportional_compute_uses_the_largest_gpu() -> None:
@@ -627,3 +627,40 @@ def test_warn_is_per_namespace_when_the_policy_says_so() -> None:
     obj = pod(container(gpu="40"))
     assert plan(obj, Prepared(policy), namespace="team-a").outcome == "warned"
     assert plan(obj, Prepared(policy), namespace="team-b").outcome == "rejected"
+
+
+def test_one_prepared_policy_answers_each_pod_as_a_fresh_one_would() -> None:
+    """What the prepared policy keeps is kept per ask, LD_PRELOAD and placement, never shared
+    between pods that differ in them: a server answers every review with one."""
+    ours = [{"name": "LD_PRELOAD", "value": "/opt/a.so"}]
+    theirs = [{"name": "LD_PRELOAD", "value": "/opt/b.so"}]
+    pods = [
+        pod(container(gpu="4", env=ours)),
+        pod(container(gpu="8", env=theirs)),
+        pod(container(gpu="4", env=theirs), container("two", gpu="2")),
+        pod(container(gpu="4"), nodeSelector={"pool": "t4"}),
+        pod(container(gpu="4"), nodeSelector={"pool": "a100"}),
+        pod(container(gpu="16"), nodeSelector={"pool": "t4"}),
+    ]
+    shared = Prepared(DEFAULT_POLICY, NODES)
+    for obj in [*pods, *reversed(pods)]:
+        alone = Prepared(DEFAULT_POLICY, NODES)
+        spec = obj["spec"]
+        got = plan(obj, shared, namespace="team-a", limits=shared.limits(spec))
+        expected = plan(obj, alone, namespace="team-a", limits=alone.limits(spec))
+        assert (got.outcome, got.message, got.patch) == (
+            expected.outcome,
+            expected.message,
+            expected.patch,
+        )
+
+
+def test_the_patch_as_json_data_is_a_copy_of_its_own() -> None:
+    """Ops share the layout's values with every patch of the policy; a copy can be changed."""
+    decision = decide(pod(container(gpu="4")))
+    first = decision.patch
+    for op in first:
+        if isinstance(op.get("value"), list):
+            op["value"].clear()
+    assert decision.patch != first
+    assert all(op.get("value") != [] for op in decision.patch)

@@ -17,7 +17,6 @@ from tests.apiserver.helpers import delete_nodes, put_node
 from tests.controlplane.install import Installed, service_account_kubeconfig
 from tests.helpers import eventually
 from webhook.cluster import kube, nodes
-from webhook.decision.capacity import limits_for
 from webhook.decision.policy import DEFAULT_POLICY as GIB
 
 
@@ -112,10 +111,10 @@ def test_limits_narrow_to_the_pool_a_pod_selects(
     put_node(api, "a100-2", memory=160, count=2, labels={"pool": "a100"})
     watcher.start()
     eventually(lambda: len(sizes(watcher)) == 3)
-    known = watcher.prepared(GIB).nodes
-    everywhere = limits_for({}, GIB, known)
+    prepared = watcher.prepared(GIB)
+    everywhere = prepared.limits({})
     assert (everywhere.largest_gpu, everywhere.nodes_with_largest) == (80, 2)
-    t4 = limits_for({"nodeSelector": {"pool": "t4"}}, GIB, known)
+    t4 = prepared.limits({"nodeSelector": {"pool": "t4"}})
     assert (t4.largest_gpu, t4.nodes_with_largest) == (16, 1)
 
 

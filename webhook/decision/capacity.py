@@ -115,19 +115,6 @@ def limits_from_policy(policy: Policy) -> GpuLimits:
     )
 
 
-def limits_for(
-    spec: Mapping[str, Any], policy: Policy, nodes: Sequence[GpuNode] | None
-) -> GpuLimits:
-    """The bounds for a pod with this spec, given the known GPU nodes (None: unknown).
-
-    Worked out afresh; ``webhook.decision.prepared.Prepared`` keeps them
-    per placement for the reviews of one node list.
-    """
-    if not nodes:
-        return limits_from_policy(policy)
-    return limits_over(spec, nodes, policy)
-
-
 def placement_key(spec: Mapping[str, Any]) -> str:
     """What of a pod spec decides the nodes it may run on, as text ("" for anywhere)."""
     selector = spec.get("nodeSelector")

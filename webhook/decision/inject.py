@@ -74,7 +74,7 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
     """
     ask, env, base, layout = gpu.ask, gpu.env, gpu.base, prepared.layout
     key = (ask.name, ask.memory, ask.gpus, ask.compute)
-    pinned = prepared.remember(("pinned", *key), lambda: layout.pin(*key))
+    pinned = prepared.remember((Layout.pin, *key), lambda: layout.pin(*key))
     wanted = pinned.values
     if env is None:
         return [patch.set_field(gpu.container, "env", base, pinned.env)]
@@ -116,7 +116,7 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
             )
             removed.append(index)
     preload = prepared.remember(
-        ("preload", user_preload), lambda: _preloaded(user_preload, layout.preload)
+        (_preloaded, user_preload), lambda: _preloaded(user_preload, layout.preload)
     )
     if preload_at >= 0:
         current = env[preload_at]  # anything but {"name": PRELOAD, "value": preload} is replaced
@@ -154,7 +154,7 @@ def annotation_ops(
     # its JSON costs more than all the rest of the pod's annotation ops.
     key = tuple(asks)
     value = prepared.remember(
-        ("status", key, demand), lambda: _status_text(key, demand, prepared.policy)
+        (_status_text, key, demand), lambda: _status_text(key, demand, prepared.policy)
     )
     annotations = metadata.get("annotations")
     if annotations is None:

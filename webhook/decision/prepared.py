@@ -60,8 +60,9 @@ class Prepared:
     def remember(self, key: Hashable, make: Callable[[], T]) -> T:
         """What ``make()`` returns, made the first time ``key`` is asked for.
 
-        The key names what is kept (its first item, by convention) and
-        everything it is made from besides the policy and the nodes.
+        The key names what is kept (its first item, by convention the
+        function that makes it) and everything it is made from besides the
+        policy and the nodes.
         """
         memo = self._memo
         if key in memo:
@@ -81,5 +82,5 @@ class Prepared:
         if nodes is None:
             return self.policy_limits
         return self.remember(
-            ("bounds", placement_key(spec)), lambda: limits_over(spec, nodes, self.policy)
+            (limits_over, placement_key(spec)), lambda: limits_over(spec, nodes, self.policy)
         )
