@@ -106,7 +106,7 @@ def _create(
             body = response.read()
             mine.append((time.perf_counter() - began) * 1000)
             if response.status != 201:
-                failures.append(f"HTTP {response.status}: {body[:200]!r}")
+                failures.append(f"HTTP {response.status}: {body[:600]!r}")
         conn.close()
         with lock:
             latencies.extend(mine)
