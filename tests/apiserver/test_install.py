@@ -12,7 +12,7 @@ import yaml
 from cryptography import x509
 
 from tests.controlplane.cluster import ControlPlane
-from tests.controlplane.install import NS, ROOT, Installed, install_certs, render_manifests
+from tests.controlplane.install import GUARD, NS, ROOT, Installed, install_certs, render_manifests
 from tests.helpers import eventually
 
 
@@ -133,14 +133,22 @@ def _certs_jobs(plane: ControlPlane) -> list[dict[str, Any]]:
 
 
 def _apply(plane: ControlPlane, manifests: Path) -> None:
-    """``kubectl apply -k manifests``, but for the webhook configuration.
+    """``kubectl apply -k manifests``, but for the webhook configuration and the guard.
 
     The install points that configuration at a URL on loopback (see
     tests/controlplane/install.py); applying it again would put the Service back.
+    The guard holds pods to the shipped policy, where the tier serves many
+    (``render_manifests``): left bound, it would refuse the pods of a test
+    that serves another.
     """
     rendered = plane.kubectl("kustomize", str(manifests)).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
-    kept = [d for d in docs if d["kind"] != "MutatingWebhookConfiguration"]
+    kept = [
+        d
+        for d in docs
+        if d["kind"] != "MutatingWebhookConfiguration"
+        and not d["metadata"]["name"].startswith(GUARD)
+    ]
     plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(kept))
 
 
