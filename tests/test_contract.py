@@ -169,11 +169,10 @@ def test_the_threat_model_lists_every_variable_the_shim_reads() -> None:
 
 def test_the_pinned_entries_are_the_pinned_values_in_order() -> None:
     pinned = layout_of(DEFAULT_POLICY).pin("train", 4, 2, 50)
-    assert list(pinned.entries) == [
-        {"name": name, "value": value} for name, value in pinned.values.items()
-    ]
-    assert pinned.env == [
-        *pinned.entries,
+    entries = [entry.value for entry in pinned.entries]
+    assert entries == [{"name": name, "value": value} for name, value in pinned.values.items()]
+    assert pinned.env.value == [
+        *entries,
         {"name": "LD_PRELOAD", "value": DEFAULT_POLICY.shim.preload},
     ]
     assert pinned.values["CUDA_DEVICE_MEMORY_LIMIT_1"] == "4096m"

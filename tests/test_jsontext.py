@@ -1,14 +1,15 @@
-"""The encoders made once write what the standard library's encoder writes with the same options."""
+"""The encoders made once write what the standard encoder writes; a shared value as a plain one."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 from typing import Any
 
 import pytest
 
-from webhook.decision import jsontext
+from webhook.decision import jsontext, patch, responses
 
 VALUES: list[Any] = [
     "plain",
@@ -69,3 +70,21 @@ def test_a_value_json_has_no_form_for_goes_through_default_or_is_refused() -> No
     with pytest.raises(TypeError, match="not JSON serializable"):
         jsontext.compact({"at": when})
     assert jsontext.compact(float("nan")) == json.dumps(float("nan")) == "NaN"
+
+
+@pytest.mark.parametrize("value", VALUES, ids=repr)
+def test_an_op_of_a_shared_value_is_written_as_the_same_op_of_the_plain_value(value: Any) -> None:
+    """The answer quotes a shared value's text: the patch reads as if it wrote the value."""
+    path = "/spec/containers/0/env/~1é\u2028"
+    for make in (patch.add, patch.replace):
+        quoted, written = make(path, jsontext.shared(value)), make(path, value)
+        assert quoted.text
+        assert not written.text
+        assert quoted.as_json() == written.as_json()
+        assert _patch_of(quoted) == _patch_of(written) == [written.as_json()]
+
+
+def _patch_of(op: patch.Op) -> Any:
+    review = {"response": {"uid": "u", "allowed": True, "patch": (op,)}}
+    answer = json.loads(responses.encode(review))
+    return json.loads(base64.b64decode(answer["response"]["patch"]))

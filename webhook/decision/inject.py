@@ -21,6 +21,7 @@ from webhook.decision import jsontext, patch
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.checks import GpuContainer
 from webhook.decision.fields import STATUS_ANNOTATION
+from webhook.decision.jsontext import Shared, shared
 from webhook.decision.layout import PRELOAD, Layout
 from webhook.decision.patch import Op
 from webhook.decision.policy import Policy
@@ -36,13 +37,13 @@ def scheduler_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
 def volume_ops(spec: Mapping[str, Any], layout: Layout) -> list[Op]:
     volumes = spec.get("volumes")
     if volumes is None:
-        return [patch.set_field(spec, "volumes", "/spec", list(layout.volumes))]
+        return [patch.set_field(spec, "volumes", "/spec", layout.all_volumes)]
     # Checks refused other volumes of our names; a name that is no string is not ours.
     present = {name for volume in volumes if isinstance(name := volume.get("name"), str)}
     return [
         patch.add("/spec/volumes/-", volume)
         for volume in layout.volumes
-        if volume["name"] not in present
+        if volume.value["name"] not in present
     ]
 
 
@@ -50,14 +51,13 @@ def mount_ops(gpu: GpuContainer, layout: Layout) -> list[Op]:
     """The webhook's mounts, each where the layout puts it; the container's others left."""
     mounts, ours, base = gpu.mounts, gpu.our_mounts, gpu.base
     if mounts is None:
-        entries = [mount.entry for mount in layout.mounts]
-        return [patch.set_field(gpu.container, "volumeMounts", base, entries)]
+        return [patch.set_field(gpu.container, "volumeMounts", base, layout.all_mounts)]
     ops: list[Op] = []
     missing: list[Op] = []
     for path, entry, _ in layout.mounts:
         if path not in ours:
             missing.append(patch.add(f"{base}/volumeMounts/-", entry))
-        elif mounts[ours[path]] != entry:
+        elif mounts[ours[path]] != entry.value:
             ops.append(patch.replace(f"{base}/volumeMounts/{ours[path]}", entry))
     return ops + missing
 
@@ -79,7 +79,7 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
     if env is None:
         return [patch.set_field(gpu.container, "env", base, pinned.env)]
     prefixes = (layout.memory_limit, layout.sm_limit)
-    replaced: list[tuple[int, str, str]] = []  # (index, name, value)
+    replaced: list[tuple[int, dict[str, str] | Shared]] = []  # (index, its new entry)
     removed: list[int] = []
     seen: set[str] = set()
     preload_at = -1
@@ -109,34 +109,39 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
                     f"the webhook set it to {value!r}, as the GPU shim's limits require"
                 )
             if len(entry) != 2 or entry.get("value") != value:
-                replaced.append((index, name, value))
+                replaced.append((index, _entry(name, value)))
         elif name.startswith(prefixes) and layout.shadow.fullmatch(name):
             warnings.append(
                 f"{ask.label}: removed {name}, which would override the limit the webhook sets"
             )
             removed.append(index)
-    preload = prepared.remember(
-        (_preloaded, user_preload), lambda: _preloaded(user_preload, layout.preload)
+    preload_entry = prepared.remember(
+        (_preloaded, user_preload),
+        lambda: shared(_entry(PRELOAD, _preloaded(user_preload, layout.preload))),
     )
     if preload_at >= 0:
-        current = env[preload_at]  # anything but {"name": PRELOAD, "value": preload} is replaced
-        if len(current) != 2 or current.get("value") != preload:
-            replaced.append((preload_at, PRELOAD, preload))
-            replaced.sort()  # by index: no two entries share one
-    ops = [patch.replace(f"{base}/env/{i}", _entry(name, value)) for i, name, value in replaced]
+        current = env[preload_at]  # anything but our entry is replaced
+        if current != preload_entry.value:
+            replaced.append((preload_at, preload_entry))
+            replaced.sort(key=_index)  # no two entries share one
+    ops = [patch.replace(f"{base}/env/{index}", entry) for index, entry in replaced]
     if removed:
         ops += [patch.remove(f"{base}/env/{index}") for index in reversed(removed)]
     append = f"{base}/env/-"
     for pinned_entry in pinned.entries:
-        if pinned_entry["name"] not in seen:
+        if pinned_entry.value["name"] not in seen:
             ops.append(patch.add(append, pinned_entry))
     if preload_at < 0:
-        ops.append(patch.add(append, _entry(PRELOAD, preload)))
+        ops.append(patch.add(append, preload_entry))
     return ops
 
 
 def _entry(name: str, value: str) -> dict[str, str]:
     return {"name": name, "value": value}
+
+
+def _index(replacement: tuple[int, object]) -> int:
+    return replacement[0]
 
 
 def _preloaded(user_value: str, shim: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from json import encoder as _stdlib
-from typing import Any
+from typing import Any, NamedTuple
 
 Encode = Callable[[Any], str]
 
@@ -80,3 +80,20 @@ compact = encoder()
 sorted_compact = encoder(sort_keys=True)
 # A JSON string literal, quotes included, in ASCII.
 string = _stdlib.encode_basestring_ascii
+
+
+class Shared(NamedTuple):
+    """A value many answers carry, with its compact JSON, written once.
+
+    The prepared policy's layout and pinned variables are shared by every
+    patch of a policy; ``webhook.decision.patch`` ops keep the text with
+    the value, and the answer quotes it instead of writing it again.
+    """
+
+    value: Any
+    text: str
+
+
+def shared(value: Any) -> Shared:
+    """``value`` with its text, as ``compact`` writes it (no one may change the value after)."""
+    return Shared(value, compact(value))
