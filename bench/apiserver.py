@@ -18,8 +18,13 @@ alone): its creates against the first namespace's are the guard's cost
 one expression (``true``) with the guard's match instead: what any policy
 costs, whatever its expressions. Two more have the floor answering with
 a fixed patch that adds the same 36 annotations, in one op or in 36: the
-API server's cost per op of a patch, whatever the webhook. Pods are
-deleted after each round. Not a test: it never fails on a timing.
+API server's cost per op of a patch, whatever the webhook. The last has
+the floor answering as our webhook answers (``--like``: the same patch,
+warnings and audit annotations) and registered as ours is (its rules,
+matchConditions and reinvocation): against the first namespace, what
+the webhook's own work costs a create; against the floor, what our
+answer and configuration cost the API server. Pods are deleted after
+each round. Not a test: it never fails on a timing.
 """
 
 from __future__ import annotations
@@ -52,8 +57,9 @@ SENT, FLOOR, UNSENT = "bench-sent", "bench-floor", "bench-unsent"
 GUARDED = "bench-guarded"  # our webhook, then the guard (webhook.decision.guard)
 TRIVIAL = "bench-trivial"  # our webhook, then a policy of one expression: what any policy costs
 ONE_OP, MANY_OPS = "bench-one-op", "bench-many-ops"  # the floor, with one patch in 1 or 36 ops
+LIKE_OURS = "bench-like-ours"  # the floor answering and registered as our webhook
 PATCH_OPS = 36
-NAMESPACES = (SENT, FLOOR, UNSENT, GUARDED, TRIVIAL, ONE_OP, MANY_OPS)
+NAMESPACES = (SENT, FLOOR, UNSENT, GUARDED, TRIVIAL, ONE_OP, MANY_OPS, LIKE_OURS)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -106,7 +112,7 @@ def _create(
             body = response.read()
             mine.append((time.perf_counter() - began) * 1000)
             if response.status != 201:
-                failures.append(f"HTTP {response.status}: {body[:600]!r}")
+                failures.append(f"{namespace}: HTTP {response.status}: {body[:600]!r}")
         conn.close()
         with lock:
             latencies.extend(mine)
@@ -145,10 +151,13 @@ def _histogram(metrics: str, hook: str = HOOK) -> tuple[float, dict[float, float
     return first, buckets
 
 
-def _start_floor(folder: Path, patch: str = "none") -> tuple[subprocess.Popen[bytes], int]:
+def start_floor(
+    folder: Path, patch: str = "none", like: str = ""
+) -> tuple[subprocess.Popen[bytes], int]:
     """bench/floor.py, the least a webhook can do, with the webhook's own certificate."""
     port = free_port()
-    context = ssl.create_default_context(cafile=str(folder / "mounted" / "ca.crt"))
+    ca = folder / "mounted" / "ca.crt"
+    context = ssl.create_default_context(cafile=str(ca))
     cmd = [
         sys.executable,
         str(ROOT / "bench" / "floor.py"),
@@ -157,10 +166,27 @@ def _start_floor(folder: Path, patch: str = "none") -> tuple[subprocess.Popen[by
         f"--key={folder / 'mounted' / 'tls.key'}",
         f"--patch={patch}",
         f"--ops={PATCH_OPS}",
+        *([f"--like={like}", f"--like-ca={ca}"] if like else []),
     ]
     # The certificate certs install made names 127.0.0.1, not localhost.
     process, _ = start(cmd, port, context, host="127.0.0.1")
     return process, port
+
+
+def register_as_ours(plane: ControlPlane, port: int, namespace: str) -> None:
+    """The floor at ``port`` registered as our webhook is, for ``namespace`` alone."""
+    stored = plane.kubectl("get", "mutatingwebhookconfiguration", "gpushare-webhook", "-o", "json")
+    hook = json.loads(stored.stdout)["webhooks"][0]
+    hook["name"] = f"{namespace}.tests.gpushare-webhook.io"
+    hook["clientConfig"]["url"] = f"https://127.0.0.1:{port}/mutate"
+    hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    config = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": namespace},
+        "webhooks": [hook],
+    }
+    plane.kubectl("apply", "-f", "-", stdin=json.dumps(config))
 
 
 def _apply_guard(plane: ControlPlane, installed: Installed) -> None:
@@ -203,7 +229,7 @@ def run(quick: bool) -> dict[str, Any]:
             for namespace in NAMESPACES:
                 plane.kubectl("create", "namespace", namespace)
             _apply_guard(plane, installed)
-            for namespace in (FLOOR, UNSENT, ONE_OP, MANY_OPS):
+            for namespace in (FLOOR, UNSENT, ONE_OP, MANY_OPS, LIKE_OURS):
                 plane.kubectl(
                     "label", "namespace", namespace, "gpushare-webhook.io/injection=disabled"
                 )
@@ -212,7 +238,7 @@ def run(quick: bool) -> dict[str, Any]:
                 ("bench-one-op", ONE_OP, "one"),
                 ("bench-many-ops", MANY_OPS, "many"),
             ):
-                process, port = _start_floor(root / "webhook", patch)
+                process, port = start_floor(root / "webhook", patch)
                 floors.append(process)
                 register_webhook(
                     plane,
@@ -222,6 +248,10 @@ def run(quick: bool) -> dict[str, Any]:
                     namespace=namespace,
                     path="/mutate",
                 )
+            ours = f"https://127.0.0.1:{installed.server.port}/mutate"
+            process, port = start_floor(root / "webhook", like=ours)
+            floors.append(process)
+            register_as_ours(plane, port, LIKE_OURS)
             for namespace in NAMESPACES:
                 wait_for_service_account(installed.api, namespace)
             for namespace in NAMESPACES:  # warm every path
@@ -268,6 +298,7 @@ def run(quick: bool) -> dict[str, Any]:
                     "trivial_policy_p50_ms": round(
                         statistics.median(latencies[TRIVIAL]) - statistics.median(sent), 2
                     ),
+                    "create_p50_ms_like_ours": round(statistics.median(latencies[LIKE_OURS]), 2),
                     "create_p50_ms_one_op": round(statistics.median(latencies[ONE_OP]), 2),
                     "create_p50_ms_many_ops": round(statistics.median(latencies[MANY_OPS]), 2),
                     "per_op_us": round(
@@ -309,4 +340,10 @@ def report(results: dict[str, Any]) -> None:
             f"        the floor with {PATCH_OPS} annotations in one op / in {PATCH_OPS} ops: p50 "
             f"{row['create_p50_ms_one_op']:.2f} / {row['create_p50_ms_many_ops']:.2f} ms, "
             f"{row['per_op_us']:+.1f} us per op"
+        )
+        like = row["create_p50_ms_like_ours"]
+        print(
+            f"        the floor answering and registered as ours: p50 {like:.2f} ms; ours "
+            f"{row['create_p50_ms'] / like:.3f} of it, it {like / row['create_p50_ms_floor']:.3f} "
+            "of the floor"
         )

@@ -6,7 +6,10 @@ small AdmissionReview, run under the same gunicorn settings and TLS as
 With ``--patch one`` or ``--patch many`` the answer carries a fixed
 JSON Patch that adds ``--ops`` annotations to the pod: in one op, or in
 one op each. Both leave the same object, so the API server's time
-between the two is what it spends per op of a patch.
+between the two is what it spends per op of a patch. With ``--like URL``
+it answers every review as the webhook at URL answered the first one of
+its namespace (asked once per worker and namespace, the uid its own): the API server does
+all it does for that webhook's answer, and the floor none of its work.
 """
 
 from __future__ import annotations
@@ -14,7 +17,11 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import ssl
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from flask import Flask, Response, request
 
@@ -37,18 +44,47 @@ def fixed_patch(shape: str, ops: int) -> str:
     return base64.b64encode(json.dumps(patch).encode()).decode()
 
 
-def create_floor(patch: str = "") -> Flask:
+Answer = Callable[[bytes, str], dict[str, Any]]
+
+
+def answered_like(url: str, ca: Path) -> Answer:
+    """The response the webhook at ``url`` gives a namespace's first review, kept for the rest.
+
+    By namespace: the pods of one are alike, and the readiness probe's
+    review (another pod, no namespace) is not the API server's.
+    """
+    context = ssl.create_default_context(cafile=str(ca))
+    kept: dict[str, dict[str, Any]] = {}
+
+    def answer(body: bytes, namespace: str) -> dict[str, Any]:
+        if namespace not in kept:  # two first reviews at once ask twice and keep one answer
+            asked = urllib.request.Request(
+                url, data=body, headers={"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(asked, context=context, timeout=5) as reply:
+                kept[namespace] = json.loads(reply.read())["response"]
+        return kept[namespace]
+
+    return answer
+
+
+def create_floor(patch: str = "", like: Answer | None = None) -> Flask:
     app = Flask("floor")
     extra = {"patchType": "JSONPatch", "patch": patch} if patch else {}
 
     @app.post("/mutate")
     def mutate() -> Response:
-        review = json.loads(request.get_data(cache=False))
+        raw = request.get_data(cache=False)
+        review = json.loads(raw)
         uid = review["request"]["uid"]
+        if like:
+            response = {**like(raw, review["request"].get("namespace", "")), "uid": uid}
+        else:
+            response = {"uid": uid, "allowed": True, **extra}
         body = {
             "apiVersion": review["apiVersion"],
             "kind": "AdmissionReview",
-            "response": {"uid": uid, "allowed": True, **extra},
+            "response": response,
         }
         return Response(json.dumps(body), mimetype="application/json")
 
@@ -67,6 +103,8 @@ def main() -> None:
     parser.add_argument("--worker-class", default=ServeOptions.worker_class)
     parser.add_argument("--patch", choices=("none", "one", "many"), default="none")
     parser.add_argument("--ops", type=int, default=36)
+    parser.add_argument("--like", metavar="URL", help="answer as the webhook at URL answers")
+    parser.add_argument("--like-ca", type=Path, help="the CA of the webhook at --like")
     args = parser.parse_args()
     options = ServeOptions(
         bind=args.bind,
@@ -75,7 +113,8 @@ def main() -> None:
         log_level="warning",
         worker_class=args.worker_class,
     )
-    WebhookServer(create_floor(fixed_patch(args.patch, args.ops)), options).run()
+    like = answered_like(args.like, args.like_ca) if args.like else None
+    WebhookServer(create_floor(fixed_patch(args.patch, args.ops), like), options).run()
 
 
 if __name__ == "__main__":
