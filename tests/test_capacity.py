@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node, placement_key, uncounted
-from webhook.decision.nodes import (
+from webhook.decision.nodesource import (
     NodeStatus,
     NoNodes,
     capacity_kept,

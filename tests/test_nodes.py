@@ -21,11 +21,11 @@ import pytest
 from tests.helpers import eventually
 from tests.kubeapi import FakeApi, serve
 from tests.test_capacity import FACTS
-from webhook.cluster import kube, nodes
+from webhook.cluster import informer, kube
 from webhook.decision.capacity import NodeFacts
-from webhook.decision.nodes import NodeStatus, encode_snapshot
+from webhook.decision.nodesource import NodeStatus, encode_snapshot
 from webhook.decision.policy import DEFAULT_POLICY
-from webhook.serving.nodes import SharedNodes
+from webhook.serving.nodefile import SharedNodes
 
 GIB = DEFAULT_POLICY
 
@@ -37,9 +37,9 @@ def cluster(tmp_path: Path) -> Iterator[tuple[FakeApi, Path]]:
 
 
 @pytest.fixture
-def watcher(cluster: tuple[FakeApi, Path]) -> Iterator[nodes.NodeWatcher]:
+def watcher(cluster: tuple[FakeApi, Path]) -> Iterator[informer.NodeWatcher]:
     _, kubeconfig = cluster
-    running = nodes.NodeWatcher(
+    running = informer.NodeWatcher(
         lambda: kube.api_client(str(kubeconfig), retries=0),
         watch_timeout=2,
         request_timeout=2,
@@ -49,19 +49,19 @@ def watcher(cluster: tuple[FakeApi, Path]) -> Iterator[nodes.NodeWatcher]:
     running.stop()
 
 
-def start_with_one_node(api: FakeApi, watcher: nodes.NodeWatcher) -> None:
+def start_with_one_node(api: FakeApi, watcher: informer.NodeWatcher) -> None:
     """Node "a" with one 24 GiB GPU, listed by a started watcher."""
     api.put_node("a", memory=24, count=1)
     watcher.start()
     eventually(lambda: sizes(watcher) == {"a": 24})
 
 
-def sizes(watcher: nodes.NodeWatcher) -> dict[str, int]:
+def sizes(watcher: informer.NodeWatcher) -> dict[str, int]:
     return {n.name: n.gpu_memory for n in watcher.prepared(DEFAULT_POLICY).nodes or ()}
 
 
 def test_a_broken_watch_resumes_without_a_new_list(
-    cluster: tuple[FakeApi, Path], watcher: nodes.NodeWatcher
+    cluster: tuple[FakeApi, Path], watcher: informer.NodeWatcher
 ) -> None:
     api, _ = cluster
     start_with_one_node(api, watcher)
@@ -80,7 +80,7 @@ def test_unreachable_api_falls_back_to_the_policy_and_says_why(
     with serve(tmp_path) as (_, path):
         kubeconfig.write_text(path.read_text())
     # The server is gone now: nothing listens on its port.
-    watcher = nodes.NodeWatcher(
+    watcher = informer.NodeWatcher(
         lambda: kube.api_client(str(kubeconfig), retries=0),
         request_timeout=1,
         backoff=(0.05, 0.1),
@@ -109,7 +109,7 @@ def test_unreachable_api_falls_back_to_the_policy_and_says_why(
 
 
 def test_errors_keep_the_last_known_nodes_then_recover(
-    cluster: tuple[FakeApi, Path], watcher: nodes.NodeWatcher
+    cluster: tuple[FakeApi, Path], watcher: informer.NodeWatcher
 ) -> None:
     api, _ = cluster
     start_with_one_node(api, watcher)
@@ -126,7 +126,7 @@ def test_errors_keep_the_last_known_nodes_then_recover(
 
 
 def test_a_slow_api_does_not_block_reviews(
-    cluster: tuple[FakeApi, Path], watcher: nodes.NodeWatcher
+    cluster: tuple[FakeApi, Path], watcher: informer.NodeWatcher
 ) -> None:
     api, _ = cluster
     api.put_node("a", memory=24, count=1)
@@ -143,7 +143,7 @@ def test_a_slow_api_does_not_block_reviews(
 
 
 def test_start_and_wait_gives_up_on_a_silent_api(
-    cluster: tuple[FakeApi, Path], watcher: nodes.NodeWatcher
+    cluster: tuple[FakeApi, Path], watcher: informer.NodeWatcher
 ) -> None:
     api, _ = cluster
     api.delay = 1.5  # slower than the wait below, faster than the client's timeout

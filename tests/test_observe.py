@@ -18,7 +18,7 @@ from prometheus_client import Histogram
 from tests.helpers import container, pod, review, swap
 from webhook.decision.admission import admit
 from webhook.decision.capacity import GpuLimits, GpuNode
-from webhook.decision.nodes import NodeStatus, NoNodes
+from webhook.decision.nodesource import NodeStatus, NoNodes
 from webhook.decision.policy import DEFAULT_POLICY, Policy
 from webhook.decision.prepared import Prepared
 from webhook.serving import logs

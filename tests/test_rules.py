@@ -32,7 +32,7 @@ import yaml
 
 from tests.helpers import apply, decode_patch, review, rewrite_case
 from webhook.decision.admission import admit
-from webhook.decision.nodes import NodeStatus, facts_of, prepare
+from webhook.decision.nodesource import NodeStatus, facts_of, prepare
 from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
 from webhook.decision.prepared import Prepared
 

@@ -16,12 +16,12 @@ import pytest
 from tests.apiserver.helpers import delete_nodes, put_node
 from tests.controlplane.install import Installed, service_account_kubeconfig
 from tests.helpers import eventually
-from webhook.cluster import kube, nodes
+from webhook.cluster import informer, kube
 from webhook.decision.policy import DEFAULT_POLICY as GIB
 
 
-def start(kubeconfig: Path) -> nodes.NodeWatcher:
-    return nodes.NodeWatcher(
+def start(kubeconfig: Path) -> informer.NodeWatcher:
+    return informer.NodeWatcher(
         lambda: kube.api_client(str(kubeconfig), retries=0),
         watch_timeout=5,
         request_timeout=5,
@@ -30,19 +30,19 @@ def start(kubeconfig: Path) -> nodes.NodeWatcher:
 
 
 @pytest.fixture
-def watcher(installed: Installed) -> Iterator[nodes.NodeWatcher]:
+def watcher(installed: Installed) -> Iterator[informer.NodeWatcher]:
     running = start(installed.webhook_kubeconfig)
     yield running
     running.stop()
     delete_nodes(installed.api, seen_by=installed.server)
 
 
-def sizes(watcher: nodes.NodeWatcher) -> dict[str, int]:
+def sizes(watcher: informer.NodeWatcher) -> dict[str, int]:
     return {n.name: n.gpu_memory for n in watcher.prepared(GIB).nodes or ()}
 
 
 def test_lists_then_follows_added_modified_and_deleted_nodes(
-    installed: Installed, watcher: nodes.NodeWatcher
+    installed: Installed, watcher: informer.NodeWatcher
 ) -> None:
     api = installed.api
     put_node(api, "a", memory=48, count=2)
@@ -61,7 +61,7 @@ def test_lists_then_follows_added_modified_and_deleted_nodes(
 
 
 def test_a_watch_from_a_compacted_revision_lists_again(
-    installed: Installed, watcher: nodes.NodeWatcher
+    installed: Installed, watcher: informer.NodeWatcher
 ) -> None:
     """etcd compacted past the watch, the API server restarted: 410 Gone, then a new list."""
     api, plane = installed.api, installed.plane
@@ -78,7 +78,7 @@ def test_a_watch_from_a_compacted_revision_lists_again(
 
 
 def test_no_gpu_node_falls_back_to_the_policy(
-    installed: Installed, watcher: nodes.NodeWatcher
+    installed: Installed, watcher: informer.NodeWatcher
 ) -> None:
     put_node(installed.api, "cpu", memory=0, count=0)
     watcher.start()
@@ -103,7 +103,7 @@ def test_forbidden_names_the_missing_permission(installed: Installed) -> None:
 
 
 def test_limits_narrow_to_the_pool_a_pod_selects(
-    installed: Installed, watcher: nodes.NodeWatcher
+    installed: Installed, watcher: informer.NodeWatcher
 ) -> None:
     api = installed.api
     put_node(api, "t4-1", memory=16, count=1, labels={"pool": "t4"})
@@ -119,7 +119,7 @@ def test_limits_narrow_to_the_pool_a_pod_selects(
 
 
 def test_start_and_wait_returns_once_the_first_list_is_in(
-    installed: Installed, watcher: nodes.NodeWatcher
+    installed: Installed, watcher: informer.NodeWatcher
 ) -> None:
     put_node(installed.api, "a", memory=24, count=1)
     watcher.start_and_wait(timeout=10)

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from webhook.cli.args import EXIT_OK
-from webhook.decision.nodes import NodeSource
+from webhook.decision.nodesource import NodeSource
 
 if TYPE_CHECKING:
-    from webhook.cluster.nodewatch import NodeWatch
+    from webhook.cluster.watchprocess import NodeWatch
     from webhook.serving.app import State
     from webhook.serving.server import ServeOptions
 from webhook.errors import CertificateError, InputError
@@ -111,19 +111,19 @@ def _node_source(
 ) -> tuple[NodeSource, NodeWatch | None, Callable[[], tuple[bool, str]] | None]:
     """Where workers learn the GPU nodes: the one node watch process of the server (made,
     not started: its directory added to ``owned``) and its liveness, or none with no watch."""
-    from webhook.decision.nodes import NoNodes
+    from webhook.decision.nodesource import NoNodes
 
     if not args.watch_nodes:
         return NoNodes(), None, None
-    from webhook.cluster import nodewatch
-    from webhook.serving.nodes import SharedNodes
+    from webhook.cluster import watchprocess
+    from webhook.serving.nodefile import SharedNodes
     from webhook.serving.runtime import runtime_dir
 
     shared = runtime_dir("gpushare-nodes-")
     owned.append(shared)
-    watch = nodewatch.NodeWatch(
+    watch = watchprocess.NodeWatch(
         shared / "nodes.json",
-        nodewatch.WatchOptions(
+        watchprocess.WatchOptions(
             kubeconfig=args.kubeconfig, context=args.context, label_selector=args.node_selector
         ),
     )

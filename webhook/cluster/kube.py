@@ -2,7 +2,7 @@
 
 Owns the client set-up (in-cluster, or a kubeconfig) and :func:`call`,
 which turns API failures into messages that say which permission or object
-is missing. The package's other modules (``certs``, ``nodes``) make their
+is missing. The package's other modules (``certs``, ``informer``) make their
 calls through it. The ``kubernetes`` import costs about 19 MiB per process,
 so callers import this package only when they need the API.
 """

@@ -4,7 +4,7 @@ Owns the pure rule "which GPU size bounds this pod": the policy's
 ``gpuMemory`` when nothing better is known, else the largest single GPU among
 the known GPU nodes, narrowed to the nodes the pod's nodeSelector and
 required node affinity allow; and how a node's reported capacity becomes
-a GPU size. Knows nothing of how nodes are found (``webhook.decision.nodes``
+a GPU size. Knows nothing of how nodes are found (``webhook.decision.nodesource``
 holds what a review sees of them).
 """
 

@@ -8,7 +8,7 @@ variables pinned for an ask, the status text, LD_PRELOAD with the shim
 first, the bounds of a placement) repeats across the pods of a workload,
 so it is kept here the first time, under a key its user chooses. The
 memo lives and dies with this object: a new policy, or a new node list,
-makes a new :class:`Prepared` (``webhook.decision.nodes.NodeSource``), so
+makes a new :class:`Prepared` (``webhook.decision.nodesource.NodeSource``), so
 nothing kept can outlive what it was made from.
 """
 

@@ -35,7 +35,7 @@ import jsonpatch
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.capacity import gpu_node
 from webhook.decision.fields import STATUS_ANNOTATION, container_label
-from webhook.decision.nodes import facts_of
+from webhook.decision.nodesource import facts_of
 from webhook.decision.plan import Decision, is_gpu_pod, plan
 from webhook.decision.policy import Policy
 from webhook.decision.prepared import Prepared

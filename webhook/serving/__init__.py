@@ -7,6 +7,6 @@ gunicorn and prometheus_client are imported here and nowhere else.
 
 May import: ``webhook.decision``, ``webhook.tls``, ``webhook.errors``. Not
 ``webhook.cluster`` (node facts reach it through the ``NodeSource``
-protocol of ``webhook.decision.nodes``, as a snapshot file the node watch
+protocol of ``webhook.decision.nodesource``, as a snapshot file the node watch
 writes) and not the CLI.
 """

@@ -19,7 +19,7 @@ from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
 from webhook.decision.admission import Result, admit
-from webhook.decision.nodes import NodeSource, NoNodes
+from webhook.decision.nodesource import NodeSource, NoNodes
 from webhook.serving.runtime import PolicySource
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import ssl
 from pathlib import Path
 
 from webhook.errors import CertificateError
-from webhook.serving.watch import WatchedFiles
+from webhook.serving.reload import WatchedFiles
 from webhook.tls import check_pair
 
 
@@ -34,7 +34,7 @@ class ReloadingContext:
 
     Building a context costs about 0.65 ms (it parses and checks the key), so
     it is made once and reused for every connection. The pair is watched by
-    ``webhook.serving.watch.WatchedFiles`` (the rule the policy file follows
+    ``webhook.serving.reload.WatchedFiles`` (the rule the policy file follows
     too): a change builds a new context for *new* connections, while
     connections already open keep theirs, and a pair that is briefly missing
     or half-written keeps the last good context in service.

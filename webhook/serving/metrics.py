@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 
 from webhook.decision.admission import Result
 from webhook.decision.capacity import GpuNode
-from webhook.decision.nodes import NodeSource
+from webhook.decision.nodesource import NodeSource
 from webhook.decision.policy import Policy
 from webhook.decision.quantities import UNIT_MIB
 from webhook.serving.runtime import METRICS_ENV, PolicySource

@@ -1,7 +1,7 @@
 """The state a serving process reads on each review: policy, GPU nodes, readiness.
 
 Owns the live policy (a file re-read when its bytes change, the last good
-policy kept while it is broken; see ``webhook.serving.watch``). The seam
+policy kept while it is broken; see ``webhook.serving.reload``). The seam
 through which node facts reach the decision is
 ``webhook.decision.capacity.NodeSource``.
 Every gunicorn worker holds its own copy and checks the file itself, at
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
 from webhook.errors import PolicyError
-from webhook.serving.watch import WatchedFiles
+from webhook.serving.reload import WatchedFiles
 
 log = logging.getLogger("gpushare_webhook.policy")
 # prometheus-client reads this when first imported, to share counts between processes.
@@ -47,7 +47,7 @@ def read_policy(path: Path) -> Policy:
 class PolicySource:
     """The policy in force, from a file (reloaded when it changes) or the defaults.
 
-    The file is watched by ``webhook.serving.watch.WatchedFiles``, the same
+    The file is watched by ``webhook.serving.reload.WatchedFiles``, the same
     rule the certificate pair follows: a broken file keeps the last good
     policy in force and shows as ``stale`` until it is fixed.
     """

@@ -5,9 +5,9 @@ A watch in every gunicorn worker cost each of them the kubernetes client
 --watch-nodes`` forks one watch process just before gunicorn starts, while
 the serving process still has one thread. Only that process imports the
 client; whenever what it knows changes (looked at every ``interval``), it
-replaces a snapshot file whole (``webhook.decision.nodes.encode_snapshot``),
+replaces a snapshot file whole (``webhook.decision.nodesource.encode_snapshot``),
 and the workers read that file as they read the policy
-(``webhook.serving.nodes``).
+(``webhook.serving.nodefile``).
 
 The watch never gives up on the API (it backs off and lists again), so it
 ends only when the serving process stops it, when that process is gone
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from webhook.decision.capacity import NodeFacts
-from webhook.decision.nodes import NodeStatus, decode_snapshot, encode_snapshot
+from webhook.decision.nodesource import NodeStatus, decode_snapshot, encode_snapshot
 from webhook.errors import KubeError, SnapshotError
 
 log = logging.getLogger("gpushare_webhook.nodes")
@@ -51,7 +51,7 @@ class WatchOptions:
     context: str | None = None
     label_selector: str = ""
     # Seconds between looks at what the watch knows; at least the file clock's
-    # tick, so each replaced snapshot has its own mtime (webhook.serving.watch).
+    # tick, so each replaced snapshot has its own mtime (webhook.serving.reload).
     interval: float = 0.25
 
 
@@ -147,8 +147,8 @@ def _described(code: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The watch process: ``python -m webhook.cluster.nodewatch`` (started by NodeWatch)."""
-    parser = argparse.ArgumentParser(prog="python -m webhook.cluster.nodewatch")
+    """The watch process: ``python -m webhook.cluster.watchprocess`` (started by NodeWatch)."""
+    parser = argparse.ArgumentParser(prog="python -m webhook.cluster.watchprocess")
     parser.add_argument("--snapshot", type=Path, required=True)
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--interval", type=float, default=WatchOptions.interval)
@@ -173,14 +173,14 @@ def _watch(snapshot: Path, options: WatchOptions, parent: int) -> int:
     # Ctrl-C and SIGHUP are the serving process's to act on; it stops this one.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    from webhook.cluster import kube, nodes
+    from webhook.cluster import informer, kube
 
     try:
         kube.api_client(options.kubeconfig, options.context)
     except KubeError as error:
         _write(snapshot, NodeStatus(watching=True, tried=True, fatal=str(error)), ())
         return EXIT_FATAL
-    watcher = nodes.NodeWatcher(
+    watcher = informer.NodeWatcher(
         lambda: kube.api_client(options.kubeconfig, options.context, retries=0),
         label_selector=options.label_selector,
     )

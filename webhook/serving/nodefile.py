@@ -1,8 +1,8 @@
 """The GPU nodes as a worker knows them: the node watch's snapshot file, followed.
 
-The server's one node watch (``webhook.cluster.nodewatch``, a process of its
+The server's one node watch (``webhook.cluster.watchprocess``, a process of its
 own) replaces a snapshot file whenever what it knows changes; each worker
-follows that file with the rule the policy follows (``webhook.serving.watch``:
+follows that file with the rule the policy follows (``webhook.serving.reload``:
 looked at every ``interval``, the last good snapshot kept if one cannot be
 read), and prepares the policy once per snapshot and policy
 (``webhook.decision.prepared.Prepared``, which keeps the bounds of each
@@ -18,11 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from webhook.decision.capacity import NodeFacts
-from webhook.decision.nodes import NodeStatus, decode_snapshot, prepare
+from webhook.decision.nodesource import NodeStatus, decode_snapshot, prepare
 from webhook.decision.policy import Policy
 from webhook.decision.prepared import Prepared
 from webhook.errors import SnapshotError
-from webhook.serving.watch import WatchedFiles, replaced
+from webhook.serving.reload import WatchedFiles, replaced
 
 log = logging.getLogger("gpushare_webhook.nodes")
 STOPPED = "the node watch process has stopped; the nodes known before stay in force"

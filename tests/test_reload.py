@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from webhook.serving.watch import WatchedFiles
+from webhook.serving.reload import WatchedFiles
 
 
 class Broken(Exception):

@@ -3,7 +3,7 @@
 Owns the list-then-watch of Nodes in a background thread, and what it
 knows of them: the facts of each node (its labels and extended-resource
 capacity) and how the watch is doing. ``serve --watch-nodes`` runs one of
-these per server, in a process of its own (``webhook.cluster.nodewatch``),
+these per server, in a process of its own (``webhook.cluster.watchprocess``),
 which shares the facts with every worker as a snapshot file.
 """
 
@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from webhook.cluster import kube
 from webhook.decision.capacity import NodeFacts
-from webhook.decision.nodes import NodeStatus, facts_of, prepare
+from webhook.decision.nodesource import NodeStatus, facts_of, prepare
 from webhook.decision.policy import Policy
 from webhook.decision.prepared import Prepared
 
