@@ -3,8 +3,9 @@
 Owns the rules that keep a GPU-memory pod inside its share: where it may be
 placed (the GPU-share scheduler, no nodeName), what it may not do because
 it would reach past the shim (hostPID, privileged, admin capabilities,
-NVIDIA_VISIBLE_DEVICES), whether its asks can fit one GPU at all, and what
-of the pod the webhook's own volume, mounts and LD_PRELOAD must not meet.
+NVIDIA_VISIBLE_DEVICES), and what of the pod the webhook's own volume,
+mounts and LD_PRELOAD must not meet (whether its asks can fit a GPU at
+all is ``webhook.decision.fit``).
 Each check adds a PodError (or ShapeError), whose message names the field
 and the fix, to the list of problems it is handed, and goes on: a pod's
 author hears every problem of the pod in one answer, not one per try.
@@ -17,7 +18,6 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from webhook.decision.asks import ContainerAsk
-from webhook.decision.capacity import GpuLimits
 from webhook.decision.fields import CONTAINER_KINDS, each_container, label, mapping
 from webhook.decision.layout import PRELOAD, Layout
 from webhook.decision.policy import Policy, folder, overlaps
@@ -134,119 +134,10 @@ def check_visible_devices(
         return  # one per container: the fix is the same for a second entry
 
 
-def _mib_hint(memory: int, unit: str, largest: int) -> str:
-    """A hint for a count of MiB on a cluster that counts GiB (16276, 3500: published samples).
-
-    Only where it fits as MiB: a count that is too big either way is just too big.
-    """
-    if unit != "GiB" or memory < 1000 or memory > largest * 1024:
-        return ""
-    return (
-        f" ({memory} looks like a count of MiB: if this cluster's GPU scheduler counts MiB, "
-        "set the policy's memoryUnit: MiB)"
-    )
-
-
 def _asks(container: Mapping[str, Any], resource: str) -> bool:
     resources = container.get("resources")
     limits = resources.get("limits") if isinstance(resources, dict) else None
     return isinstance(limits, dict) and resource in limits
-
-
-def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits, found: Problems) -> int:
-    """The GPU memory the pod holds on its GPU, once it is sure to fit one."""
-    unit = policy.memory_unit
-    # Init containers run one at a time before the app containers, which run
-    # together: the GPU must hold the larger of the two phases.
-    app_total = init_largest = compute_total = 0
-    too_big = False  # one container over the GPU is named alone, not again in the total
-    for ask in asks:
-        if ask.kind == "containers":
-            app_total += ask.memory
-            # Only shares asked for count: a default (fixed, or rounded up in
-            # proportion) is the operator's, and shares over 100 only time-slice.
-            compute_total += ask.compute if ask.compute_asked and ask.compute else 0
-        elif ask.memory > init_largest:
-            init_largest = ask.memory
-        if ask.memory > limits.largest_gpu:
-            too_big = True
-            found.append(
-                PodError(
-                    f"{ask.label} asks {ask.memory} {unit} of {policy.resource_name} per GPU, but "
-                    f"{limits.describe(unit)}: the pod could never be scheduled; ask at most "
-                    f"{limits.largest_gpu}{_mib_hint(ask.memory, unit, limits.largest_gpu)}",
-                    reason=Reason.EXCEEDS_GPU,
-                )
-            )
-        if ask.gpus > limits.max_gpus:
-            found.append(
-                PodError(
-                    f"{ask.label} asks {ask.gpus} GPUs, but the largest GPU node has "
-                    f"{limits.max_gpus} ({limits.gpus_source}); ask at most {limits.max_gpus}",
-                    reason=Reason.TOO_MANY_GPUS,
-                )
-            )
-    if policy.placed_by.reserves_init:
-        demand = max(app_total, init_largest)
-    else:
-        demand = app_total
-        _check_init_within(asks, app_total, policy, limits, found)
-    if demand > limits.largest_gpu and not too_big:
-        parts = ", ".join(f"{a.name}={a.memory}" for a in asks if a.kind == "containers")
-        found.append(
-            PodError(
-                f"the pod's containers together ask {demand} {unit} of {policy.resource_name} "
-                f"({parts}), and they share one GPU, but {limits.describe(unit)}; lower the "
-                "requests or split the pod so its containers fit one GPU",
-                reason=Reason.EXCEEDS_GPU,
-            )
-        )
-    if compute_total > 100:
-        parts = ", ".join(
-            f"{a.name}={a.compute}" for a in asks if a.kind == "containers" and a.compute_asked
-        )
-        found.append(
-            PodError(
-                f"the pod's containers together ask {compute_total}% of one GPU's compute "
-                f"({policy.compute.resource_name}: {parts}), more than the 100% a GPU has; lower "
-                "them so they add up to 100 or less",
-                reason=Reason.EXCEEDS_COMPUTE,
-            )
-        )
-    return demand
-
-
-def _check_init_within(
-    asks: list[ContainerAsk], app_total: int, policy: Policy, limits: GpuLimits, found: Problems
-) -> None:
-    """Under a scheduler that holds the app containers' sum only, no init container asks more.
-
-    Its shim limit would reach past what is held for the pod on that GPU,
-    into a neighbour's share. One over the whole GPU is already named alone.
-    """
-    unit, scheduler = policy.memory_unit, policy.placed_by.title
-    for ask in asks:
-        if ask.kind == "containers" or ask.memory <= app_total or ask.memory > limits.largest_gpu:
-            continue
-        held = (
-            f"the pod's app containers together ask {app_total} {unit}"
-            if app_total
-            else "the pod's app containers ask none"
-        )
-        fix = (
-            f"ask at most {app_total} in it, or ask more in an app container"
-            if app_total
-            else f"ask {policy.resource_name} in the app container that uses the GPU"
-        )
-        found.append(
-            PodError(
-                f"{ask.label} asks {ask.memory} {unit} of {policy.resource_name}, but {held}, "
-                f"and {scheduler} holds only that on the GPU it picks (it does not count init "
-                f"containers): the init container's limit would reach into a neighbour's share; "
-                f"{fix}",
-                reason=Reason.INIT_EXCEEDS_RESERVATION,
-            )
-        )
 
 
 def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout, found: Problems) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from webhook.decision import jsontext, patch
 from webhook.decision.asks import ContainerAsk
@@ -75,11 +75,51 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
     ask, env, base, layout = gpu.ask, gpu.env, gpu.base, prepared.layout
     key = (ask.name, ask.memory, ask.gpus, ask.compute)
     pinned = prepared.remember((Layout.pin, *key), lambda: layout.pin(*key))
-    wanted = pinned.values
     if env is None:
         return [patch.set_field(gpu.container, "env", base, pinned.env)]
+    scan = _scan_env(env, pinned.values, layout, ask.label, warnings)
+    replaced = scan.replaced
+    preload_entry = prepared.remember(
+        (_preloaded, scan.user_preload),
+        lambda: shared(_entry(PRELOAD, _preloaded(scan.user_preload, layout.preload))),
+    )
+    if scan.preload_at >= 0:
+        current = env[scan.preload_at]  # anything but our entry is replaced
+        if current != preload_entry.value:
+            replaced.append((scan.preload_at, preload_entry))
+            replaced.sort(key=_index)  # no two entries share one
+    ops = [patch.replace(f"{base}/env/{index}", entry) for index, entry in replaced]
+    if scan.removed:
+        ops += [patch.remove(f"{base}/env/{index}") for index in reversed(scan.removed)]
+    append = f"{base}/env/-"
+    for pinned_entry in pinned.entries:
+        if pinned_entry.value["name"] not in scan.seen:
+            ops.append(patch.add(append, pinned_entry))
+    if scan.preload_at < 0:
+        ops.append(patch.add(append, preload_entry))
+    return ops
+
+
+class _EnvScan(NamedTuple):
+    """One pass over a container's env: what to replace and remove, and where LD_PRELOAD is."""
+
+    replaced: list[tuple[int, dict[str, str] | Shared]]  # (index, its new entry)
+    removed: list[int]  # indexes, in order
+    seen: set[str]  # the pinned names the container sets (its first entry of each)
+    preload_at: int  # the index of its first LD_PRELOAD entry, or -1
+    user_preload: str  # that entry's value, which the shim goes in front of
+
+
+def _scan_env(
+    env: list[Any],
+    wanted: Mapping[str, str],
+    layout: Layout,
+    label: str,
+    warnings: list[str],
+) -> _EnvScan:
+    """Read the container's env once, warning of each entry the webhook changes or removes."""
     prefixes = (layout.memory_limit, layout.sm_limit)
-    replaced: list[tuple[int, dict[str, str] | Shared]] = []  # (index, its new entry)
+    replaced: list[tuple[int, dict[str, str] | Shared]] = []
     removed: list[int] = []
     seen: set[str] = set()
     preload_at = -1
@@ -91,49 +131,31 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
             # at the place of the first entry, the only one left.
             user_preload = str(entry.get("value") or "")
             if preload_at >= 0:
-                warnings.append(f"{ask.label}: removed a second {name} entry")
+                warnings.append(f"{label}: removed a second {name} entry")
                 removed.append(index)
             else:
                 preload_at = index
         elif name in wanted:
             if name in seen:
                 # A later duplicate would win over ours: the kubelet keeps the last one.
-                warnings.append(f"{ask.label}: removed a second {name} entry")
+                warnings.append(f"{label}: removed a second {name} entry")
                 removed.append(index)
                 continue
             seen.add(name)
             value = wanted[name]
             if entry.get("value") != value or "valueFrom" in entry:
                 warnings.append(
-                    f"{ask.label}: {name} was set to {entry.get('value', '(valueFrom)')!r}; "
+                    f"{label}: {name} was set to {entry.get('value', '(valueFrom)')!r}; "
                     f"the webhook set it to {value!r}, as the GPU shim's limits require"
                 )
             if len(entry) != 2 or entry.get("value") != value:
                 replaced.append((index, _entry(name, value)))
         elif name.startswith(prefixes) and layout.shadow.fullmatch(name):
             warnings.append(
-                f"{ask.label}: removed {name}, which would override the limit the webhook sets"
+                f"{label}: removed {name}, which would override the limit the webhook sets"
             )
             removed.append(index)
-    preload_entry = prepared.remember(
-        (_preloaded, user_preload),
-        lambda: shared(_entry(PRELOAD, _preloaded(user_preload, layout.preload))),
-    )
-    if preload_at >= 0:
-        current = env[preload_at]  # anything but our entry is replaced
-        if current != preload_entry.value:
-            replaced.append((preload_at, preload_entry))
-            replaced.sort(key=_index)  # no two entries share one
-    ops = [patch.replace(f"{base}/env/{index}", entry) for index, entry in replaced]
-    if removed:
-        ops += [patch.remove(f"{base}/env/{index}") for index in reversed(removed)]
-    append = f"{base}/env/-"
-    for pinned_entry in pinned.entries:
-        if pinned_entry.value["name"] not in seen:
-            ops.append(patch.add(append, pinned_entry))
-    if preload_at < 0:
-        ops.append(patch.add(append, preload_entry))
-    return ops
+    return _EnvScan(replaced, removed, seen, preload_at, user_preload)
 
 
 def _entry(name: str, value: str) -> dict[str, str]:

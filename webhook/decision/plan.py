@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from webhook.decision import affinity, checks, inject
+from webhook.decision import affinity, checks, fit, inject
 from webhook.decision.asks import ContainerAsk, collect_asks
 from webhook.decision.capacity import GpuLimits
 from webhook.decision.fields import CONTAINER_KINDS, STATUS_ANNOTATION, each_container, mapping
@@ -220,7 +220,7 @@ def _plan(
         found.append(error)
         labels = {}
     asks = collect_asks(spec, policy, limits, labels, found)
-    demand = checks.check_fit(asks, policy, limits, found)
+    demand = fit.check_fit(asks, policy, limits, found)
     checks.check_volumes(spec, policy, shape, found)
     seen = [checks.check_gpu_container(spec, ask, shape, found) for ask in asks]
     checks.check_annotations(metadata, found)
