@@ -38,6 +38,29 @@ def _encode(values: dict[str, bytes]) -> dict[str, str]:
     return {key: base64.b64encode(value).decode("ascii") for key, value in values.items()}
 
 
+@dataclass(frozen=True)
+class _Found:
+    """The objects as read before any write; a Secret not made yet is ``None``.
+
+    Every later step decides against this one reading, so the writes and the
+    caBundle patch's resourceVersion test all refer to the same state.
+    """
+
+    ca_obj: Any
+    tls_obj: Any
+    mwc: Any
+
+    @property
+    def ca_data(self) -> dict[str, str] | None:
+        data: dict[str, str] | None = self.ca_obj.data if self.ca_obj is not None else None
+        return data
+
+    @property
+    def tls_data(self) -> dict[str, str] | None:
+        data: dict[str, str] | None = self.tls_obj.data if self.tls_obj is not None else None
+        return data
+
+
 def install_certificates(
     api: client.ApiClient,
     *,
@@ -60,15 +83,62 @@ def install_certificates(
     """
     core = client.CoreV1Api(api)
     admission = client.AdmissionregistrationV1Api(api)
-    ca_where, tls_where = f"Secret {namespace}/{ca_secret}", f"Secret {namespace}/{secret}"
+    found = _read(
+        core,
+        admission,
+        namespace=namespace,
+        secret=secret,
+        ca_secret=ca_secret,
+        webhook_config=webhook_config,
+    )
+    rotation = tls.rotate(
+        ca_certs=_pem_certs(_decode(found.ca_data, "ca.crt")),
+        ca_key=_pem_key(_decode(found.ca_data, "ca.key")),
+        cert=next(iter(_pem_certs(_decode(found.tls_data, "tls.crt"))), None),
+        key=_pem_key(_decode(found.tls_data, "tls.key")),
+        dns_names=dns_names,
+        ips=ips or (),
+        days=days,
+        renew_before=renew_before,
+        key_type=key_type,
+        now=now,
+    )
+    bundle = rotation.bundle_pem()
+    owner = _owner(found.mwc)
+    _put_ca_secret(
+        core, found, rotation, bundle=bundle, namespace=namespace, name=ca_secret, owner=owner
+    )
+    patched = _patch_ca_bundles(admission, found.mwc, name=webhook_config, bundle=bundle)
+    _put_serving_secret(
+        core, found, rotation, bundle=bundle, namespace=namespace, name=secret, owner=owner
+    )
+    return InstallReport(
+        ca_rotated=rotation.ca_rotated,
+        serving_renewed=rotation.serving_renewed,
+        webhooks_patched=patched,
+        not_after=rotation.cert.not_valid_after_utc,
+        ca_not_after=rotation.ca_cert.not_valid_after_utc,
+    )
+
+
+def _read(
+    core: client.CoreV1Api,
+    admission: client.AdmissionregistrationV1Api,
+    *,
+    namespace: str,
+    secret: str,
+    ca_secret: str,
+    webhook_config: str,
+) -> _Found:
+    """Read both Secrets and the configuration; only the configuration must exist."""
     ca_obj = call(
-        ca_where,
+        f"Secret {namespace}/{ca_secret}",
         "get",
         "secrets",
         lambda: not_found(lambda: core.read_namespaced_secret(ca_secret, namespace)),
     )
     tls_obj = call(
-        tls_where,
+        f"Secret {namespace}/{secret}",
         "get",
         "secrets",
         lambda: not_found(lambda: core.read_namespaced_secret(secret, namespace)),
@@ -84,66 +154,87 @@ def install_certificates(
             f"MutatingWebhookConfiguration {webhook_config!r} not found: apply the manifests "
             "(kubectl apply -k manifests/) before installing certificates"
         )
-    ca_data = ca_obj.data if ca_obj is not None else None
-    tls_data = tls_obj.data if tls_obj is not None else None
-    rotation = tls.rotate(
-        ca_certs=_pem_certs(_decode(ca_data, "ca.crt")),
-        ca_key=_pem_key(_decode(ca_data, "ca.key")),
-        cert=next(iter(_pem_certs(_decode(tls_data, "tls.crt"))), None),
-        key=_pem_key(_decode(tls_data, "tls.key")),
-        dns_names=dns_names,
-        ips=ips or (),
-        days=days,
-        renew_before=renew_before,
-        key_type=key_type,
-        now=now,
-    )
-    bundle = rotation.bundle_pem()
+    return _Found(ca_obj=ca_obj, tls_obj=tls_obj, mwc=mwc)
+
+
+def _owner(mwc: Any) -> client.V1OwnerReference:
     # NB: the Secrets belong to the webhook configuration they serve: deleting
     # it (kubectl delete -k, helm uninstall) lets the garbage collector take
     # them too, so an uninstall leaves nothing behind.
-    owner = client.V1OwnerReference(
+    return client.V1OwnerReference(
         api_version="admissionregistration.k8s.io/v1",
         kind="MutatingWebhookConfiguration",
         name=mwc.metadata.name,
         uid=mwc.metadata.uid,
     )
-    if rotation.ca_rotated or _decode(ca_data, "ca.crt") != bundle or not _owned_by(ca_obj, owner):
+
+
+def _put_ca_secret(
+    core: client.CoreV1Api,
+    found: _Found,
+    rotation: tls.Rotation,
+    *,
+    bundle: bytes,
+    namespace: str,
+    name: str,
+    owner: client.V1OwnerReference,
+) -> None:
+    """Write the CA Secret unless it already holds this bundle, key and owner."""
+    if (
+        rotation.ca_rotated
+        or _decode(found.ca_data, "ca.crt") != bundle
+        or not _owned_by(found.ca_obj, owner)
+    ):
         _put_secret(
             core,
             namespace=namespace,
-            name=ca_secret,
-            existing=ca_obj,
+            name=name,
+            existing=found.ca_obj,
             kind="Opaque",
             values={"ca.crt": bundle, "ca.key": tls.pem_key(rotation.ca_key)},
             owner=owner,
         )
-    ops = [
-        {
-            "op": "add",
-            "path": f"/webhooks/{index}/clientConfig/caBundle",
-            "value": base64.b64encode(bundle).decode("ascii"),
-        }
+
+
+def _patch_ca_bundles(
+    admission: client.AdmissionregistrationV1Api, mwc: Any, *, name: str, bundle: bytes
+) -> int:
+    """Put ``bundle`` into every webhook that lacks it; return how many were patched."""
+    encoded = base64.b64encode(bundle).decode("ascii")
+    ops: list[dict[str, Any]] = [
+        {"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": encoded}
         for index, hook in enumerate(mwc.webhooks or [])
-        if (hook.client_config.ca_bundle or "") != base64.b64encode(bundle).decode("ascii")
+        if (hook.client_config.ca_bundle or "") != encoded
     ]
-    if ops:
-        # NB: a JSON patch with a test of resourceVersion would fail on a
-        # concurrent edit; the indexes come from the object just read.
-        ops.insert(
-            0,
-            {
-                "op": "test",
-                "path": "/metadata/resourceVersion",
-                "value": mwc.metadata.resource_version,
-            },
-        )
-        call(
-            f"MutatingWebhookConfiguration {webhook_config}",
-            "patch",
-            "mutatingwebhookconfigurations",
-            lambda: admission.patch_mutating_webhook_configuration(webhook_config, ops),
-        )
+    if not ops:
+        return 0
+    # NB: a JSON patch with a test of resourceVersion would fail on a
+    # concurrent edit; the indexes come from the object just read.
+    guard = {
+        "op": "test",
+        "path": "/metadata/resourceVersion",
+        "value": mwc.metadata.resource_version,
+    }
+    call(
+        f"MutatingWebhookConfiguration {name}",
+        "patch",
+        "mutatingwebhookconfigurations",
+        lambda: admission.patch_mutating_webhook_configuration(name, [guard, *ops]),
+    )
+    return len(ops)
+
+
+def _put_serving_secret(
+    core: client.CoreV1Api,
+    found: _Found,
+    rotation: tls.Rotation,
+    *,
+    bundle: bytes,
+    namespace: str,
+    name: str,
+    owner: client.V1OwnerReference,
+) -> None:
+    """Write the serving Secret unless it already holds this pair, bundle and owner."""
     serving = {
         "tls.crt": tls.pem_cert(rotation.cert),
         "tls.key": tls.pem_key(rotation.key),
@@ -151,25 +242,18 @@ def install_certificates(
     }
     if (
         rotation.serving_renewed
-        or any(_decode(tls_data, k) != v for k, v in serving.items())
-        or not _owned_by(tls_obj, owner)
+        or any(_decode(found.tls_data, k) != v for k, v in serving.items())
+        or not _owned_by(found.tls_obj, owner)
     ):
         _put_secret(
             core,
             namespace=namespace,
-            name=secret,
-            existing=tls_obj,
+            name=name,
+            existing=found.tls_obj,
             kind="kubernetes.io/tls",
             values=serving,
             owner=owner,
         )
-    return InstallReport(
-        ca_rotated=rotation.ca_rotated,
-        serving_renewed=rotation.serving_renewed,
-        webhooks_patched=len(ops) - 1 if ops else 0,
-        not_after=rotation.cert.not_valid_after_utc,
-        ca_not_after=rotation.ca_cert.not_valid_after_utc,
-    )
 
 
 def _pem_certs(data: bytes | None) -> list[Any]:
