@@ -270,59 +270,73 @@ def rotate(
     through the switch. Pure apart from key generation.
     """
     moment = now or _now()
-    current = ca_certs[0] if ca_certs else None
-    usable = (
-        current is not None
-        and ca_key is not None
-        and _public_der(current.public_key()) == _public_der(ca_key.public_key())
-        and current.not_valid_after_utc - moment > dt.timedelta(days=days) + renew_before
+    kept_ca = _usable_ca(ca_certs, ca_key, moment, dt.timedelta(days=days) + renew_before)
+    new_ca_key, new_ca = kept_ca or create_ca(
+        days=max(ca_days, 2 * days), key_type=key_type, now=moment
     )
-    ca_rotated = not usable
-    if usable:
-        assert current is not None
-        assert ca_key is not None
-        new_ca_key, new_ca = ca_key, current
-    else:
-        new_ca_key, new_ca = create_ca(days=max(ca_days, 2 * days), key_type=key_type, now=moment)
     bundle = [new_ca]
     for old in ca_certs:
         if old.not_valid_after_utc > moment and old.fingerprint(hashes.SHA256()) not in {
             c.fingerprint(hashes.SHA256()) for c in bundle
         }:
             bundle.append(old)
-    wanted = set(dns_names) | set(ips)
-    keep = (
-        not ca_rotated
-        and cert is not None
-        and key is not None
-        and _public_der(cert.public_key()) == _public_der(key.public_key())
-        and cert.not_valid_after_utc - renew_before > moment
-        and wanted <= set(subject_names(cert))
-        and _issued_by(cert, new_ca)
+    # A new CA has signed nothing yet, so no serving pair on hand can chain to it.
+    kept = None
+    if kept_ca is not None:
+        wanted = set(dns_names) | set(ips)
+        kept = _usable_serving(cert, key, new_ca, wanted, moment=moment, renew_before=renew_before)
+    serving_key, serving = kept or issue_serving(
+        new_ca_key, new_ca, dns_names=dns_names, ips=ips, days=days, key_type=key_type, now=moment
     )
-    if keep:
-        assert cert is not None
-        assert key is not None
-        serving_key, serving = key, cert
-    else:
-        serving_key, serving = issue_serving(
-            new_ca_key,
-            new_ca,
-            dns_names=dns_names,
-            ips=ips,
-            days=days,
-            key_type=key_type,
-            now=moment,
-        )
     return Rotation(
         ca_key=new_ca_key,
         ca_cert=new_ca,
         bundle=tuple(bundle[:3]),
         key=serving_key,
         cert=serving,
-        ca_rotated=ca_rotated,
-        serving_renewed=not keep,
+        ca_rotated=kept_ca is None,
+        serving_renewed=kept is None,
     )
+
+
+def _usable_ca(
+    ca_certs: Sequence[x509.Certificate],
+    ca_key: PrivateKey | None,
+    moment: dt.datetime,
+    needed: dt.timedelta,
+) -> tuple[PrivateKey, x509.Certificate] | None:
+    """The current CA pair, or None when it is unusable or will not outlive ``needed``."""
+    current = ca_certs[0] if ca_certs else None
+    if (
+        current is not None
+        and ca_key is not None
+        and _public_der(current.public_key()) == _public_der(ca_key.public_key())
+        and current.not_valid_after_utc - moment > needed
+    ):
+        return ca_key, current
+    return None
+
+
+def _usable_serving(
+    cert: x509.Certificate | None,
+    key: PrivateKey | None,
+    ca: x509.Certificate,
+    wanted: set[str],
+    *,
+    moment: dt.datetime,
+    renew_before: dt.timedelta,
+) -> tuple[PrivateKey, x509.Certificate] | None:
+    """The current serving pair, or None when it must be issued again."""
+    if (
+        cert is not None
+        and key is not None
+        and _public_der(cert.public_key()) == _public_der(key.public_key())
+        and cert.not_valid_after_utc - renew_before > moment
+        and wanted <= set(subject_names(cert))
+        and _issued_by(cert, ca)
+    ):
+        return key, cert
+    return None
 
 
 def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
