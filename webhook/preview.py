@@ -133,42 +133,13 @@ def preview(document: Any, prepared: Prepared, *, index: int = 1, namespace: str
     ``namespace`` is where it will be created when its metadata names none
     (``kubectl apply -n``): the policy's namespace rules depend on it.
     """
-    policy = prepared.policy
     label = describe(document, index)
     result = Preview(label, document)
     if not isinstance(document, Mapping):
         return result
-    kind, api_version = document.get("kind"), document.get("apiVersion")
-    paths = None
-    if isinstance(kind, str) and isinstance(api_version, str):
-        group, kind = _group_kind(api_version, kind)
-        paths = WORKLOADS.get((group, kind))
-        if paths and api_version in REMOVED:
-            result.notes.append(
-                f"{label}: {api_version} was removed in Kubernetes {REMOVED[api_version]}; "
-                f"previewed as {group or 'v1'}/v1 {kind}, which is what a cluster accepts now"
-            )
-        elif paths and group in _SERVED and api_version.rpartition("/")[2] not in _SERVED[group]:
-            paths = None  # an API version of a built-in group that no cluster serves
+    paths = _workload_paths(document, result)
     if not paths:
-        if policy.resource_name not in json.dumps(document, default=str):
-            return result
-        if not isinstance(kind, str) or not isinstance(api_version, str):
-            missing = " and ".join(
-                name
-                for name, value in (("apiVersion", api_version), ("kind", kind))
-                if not isinstance(value, str)
-            )
-            result.notes.append(
-                f"{label} mentions {policy.resource_name} but has no {missing}, so no cluster "
-                "would take it: add it (apiVersion: v1 and kind: Pod, or apps/v1 and the "
-                "workload's kind)"
-            )
-        else:
-            result.notes.append(
-                f"{label} mentions {policy.resource_name} but {api_version} {kind} is not a "
-                "kind the preview knows; its pods will be checked when they are created"
-            )
+        _note_unknown(document, prepared.policy.resource_name, result)
         return result
     templates = [found for path in paths for found in _templates(document, path)]
     if not templates:
@@ -177,16 +148,75 @@ def preview(document: Any, prepared: Prepared, *, index: int = 1, namespace: str
         return result
     meta = document.get("metadata")
     namespace = (meta.get("namespace") if isinstance(meta, Mapping) else None) or namespace
+    _plan_templates(result, templates, prepared, namespace=str(namespace or ""))
+    return result
+
+
+def _workload_paths(document: Mapping[str, Any], result: Preview) -> tuple[Path, ...] | None:
+    """Where the document's kind keeps its pod templates; None for a kind not previewed.
+
+    A removed API version of a built-in kind is previewed as the one served
+    now, with a note on ``result``.
+    """
+    kind, api_version = document.get("kind"), document.get("apiVersion")
+    if not isinstance(kind, str) or not isinstance(api_version, str):
+        return None
+    group, kind = _group_kind(api_version, kind)
+    paths = WORKLOADS.get((group, kind))
+    if paths and api_version in REMOVED:
+        result.notes.append(
+            f"{result.label}: {api_version} was removed in Kubernetes {REMOVED[api_version]}; "
+            f"previewed as {group or 'v1'}/v1 {kind}, which is what a cluster accepts now"
+        )
+    elif paths and group in _SERVED and api_version.rpartition("/")[2] not in _SERVED[group]:
+        return None  # an API version of a built-in group that no cluster serves
+    return paths
+
+
+def _note_unknown(document: Mapping[str, Any], resource_name: str, result: Preview) -> None:
+    """Say why a document that is not previewed goes unchecked, if it asks for the resource.
+
+    Documents that never mention the resource get no note: a stream of
+    manifests holds Services, ConfigMaps and the like.
+    """
+    if resource_name not in json.dumps(document, default=str):
+        return
+    kind, api_version = document.get("kind"), document.get("apiVersion")
+    if not isinstance(kind, str) or not isinstance(api_version, str):
+        missing = " and ".join(
+            name
+            for name, value in (("apiVersion", api_version), ("kind", kind))
+            if not isinstance(value, str)
+        )
+        result.notes.append(
+            f"{result.label} mentions {resource_name} but has no {missing}, so no cluster "
+            "would take it: add it (apiVersion: v1 and kind: Pod, or apps/v1 and the "
+            "workload's kind)"
+        )
+    else:
+        result.notes.append(
+            f"{result.label} mentions {resource_name} but {api_version} {kind} is not a "
+            "kind the preview knows; its pods will be checked when they are created"
+        )
+
+
+def _plan_templates(
+    result: Preview, templates: list[tuple[Path, Any]], prepared: Prepared, *, namespace: str
+) -> None:
+    """Decide each pod template, and patch the document only when none is refused.
+
+    A refused document is left out of ``mutate``'s output, so patching it
+    would only cost the deep copy.
+    """
     ops: list[dict[str, Any]] = []
     for at, pod in templates:
         if not isinstance(pod, Mapping):
-            result.notes.append(f"{label}: {'.'.join(at)} is not a pod template")
+            result.notes.append(f"{result.label}: {'.'.join(at)} is not a pod template")
             continue
-        decision = plan(pod, prepared, namespace=str(namespace or ""))
+        decision = plan(pod, prepared, namespace=namespace)
         result.decisions.append((".".join(at), decision))
         prefix = _pointer(at)
         ops += [{**op, "path": prefix + op["path"]} for op in decision.patch]
     if ops and not result.rejected:
         result.patch = ops
-        result.document = jsonpatch.apply_patch(copy.deepcopy(document), ops)
-    return result
+        result.document = jsonpatch.apply_patch(copy.deepcopy(result.document), ops)

@@ -36,6 +36,15 @@ class _Gone(Exception):
     """The watch's resourceVersion is older than the API server keeps (410): list again."""
 
 
+@dataclasses.dataclass
+class _WatchState:
+    """What one pass of the list-then-watch loop leaves for the next."""
+
+    version: str | None = None  # where the watch resumes; None: list first
+    streamed: int = 0  # events the current watch has delivered
+    failures: int = 0  # in a row, for the backoff
+
+
 def unreachable(error: BaseException) -> str:
     """Why the API could not be reached, in a few words ("[Errno 111] Connection refused").
 
@@ -194,68 +203,90 @@ class NodeWatcher:
 
     def _run(self) -> None:
         self._api = api = self._make_api()
-        version: str | None = None
-        failures = 0
+        state = _WatchState()
         while not self._stop.is_set():
-            streamed = 0
-            try:
-                if version is None:
-                    listed = self._get({}, self.request_timeout)
-                    page = json.loads(listed.read())
-                    self.lists += 1
-                    items = page.get("items") or []
-                    self._replace({f.name: f for f in map(facts_of, items)})
-                    version = page["metadata"]["resourceVersion"]
-                    self._set(tried=True, synced=True, connected=True, problem="", nodes=len(items))
-                self.watches += 1
-                query = {
-                    "watch": "true",
-                    "resourceVersion": version,
-                    "allowWatchBookmarks": "true",
-                    "timeoutSeconds": str(self.watch_timeout),
-                }
-                self._stream = self._get(query, (self.request_timeout, self.watch_timeout + 30))
-                for line in self._stream.response:
-                    if not line.strip():
-                        continue
-                    streamed += 1
-                    kind, node = self._event(json.loads(line))
-                    if kind != "BOOKMARK":
-                        self._apply(kind, node)
-                    version = (node.get("metadata") or {}).get("resourceVersion") or version
-                failures = 0
+            problem = self._attempt(api, state)
+            if problem is None:
                 continue
-            except _Gone:
-                version = None  # older than the API server keeps: list again
-                continue
-            except ApiException as error:
-                if error.status == 410:
-                    version = None  # older than the API server keeps: list again
-                    continue
-                problem = (
-                    "forbidden to list or watch nodes: grant the service account 'list' and "
-                    "'watch' on nodes (see the ClusterRole in manifests/base/rbac.yaml)"
-                    if error.status == 403
-                    else f"HTTP {error.status} {error.reason}"
-                )
-            except (urllib3.exceptions.HTTPError, OSError) as error:
-                if streamed:
-                    # A stream cut after it delivered events: resume where it stopped.
-                    continue
-                problem = f"cannot reach the Kubernetes API at {api.configuration.host}"
-                problem += f" ({unreachable(error)})"
-            except Exception as error:  # the thread must outlive any surprise from the API
-                log.exception("node watch failed")
-                problem = f"{type(error).__name__}: {error}"
             if self._stop.is_set():
                 return  # stopped: the cut stream was ours
-            failures += 1
-            self._set(tried=True, connected=False, problem=problem)
-            # After a failure, list again once the API answers: that both proves
-            # the connection and catches up on whatever the watch missed.
-            version = None
-            low, high = self.backoff
-            delay = random.uniform(0.5, 1.0) * min(high, low * 2 ** (failures - 1))
-            # One line per step of the backoff, which says when the next one is.
-            log.warning("node watch: %s; trying again in %.2g s", problem, delay)
-            self._stop.wait(delay)
+            self._back_off(problem, state)
+
+    def _attempt(self, api: client.ApiClient, state: _WatchState) -> str | None:
+        """List if need be, then watch: the problem that ended it, or None to go on at once."""
+        state.streamed = 0
+        try:
+            if state.version is None:
+                state.version = self._list()
+            self._watch(state, since=state.version)
+            state.failures = 0
+            return None
+        except _Gone:
+            state.version = None  # older than the API server keeps: list again
+            return None
+        except ApiException as error:
+            if error.status == 410:
+                state.version = None  # older than the API server keeps: list again
+                return None
+            return (
+                "forbidden to list or watch nodes: grant the service account 'list' and "
+                "'watch' on nodes (see the ClusterRole in manifests/base/rbac.yaml)"
+                if error.status == 403
+                else f"HTTP {error.status} {error.reason}"
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            if state.streamed:
+                # A stream cut after it delivered events: resume where it stopped.
+                return None
+            problem = f"cannot reach the Kubernetes API at {api.configuration.host}"
+            return problem + f" ({unreachable(error)})"
+        except Exception as error:  # the thread must outlive any surprise from the API
+            log.exception("node watch failed")
+            return f"{type(error).__name__}: {error}"
+
+    def _list(self) -> str:
+        """Replace what is known with a fresh list of the nodes; its resourceVersion."""
+        listed = self._get({}, self.request_timeout)
+        page = json.loads(listed.read())
+        self.lists += 1
+        items = page.get("items") or []
+        self._replace({f.name: f for f in map(facts_of, items)})
+        version: str = page["metadata"]["resourceVersion"]
+        self._set(tried=True, synced=True, connected=True, problem="", nodes=len(items))
+        return version
+
+    def _watch(self, state: _WatchState, *, since: str) -> None:
+        """Apply the watch's events from ``since`` until the API server ends the stream.
+
+        ``state`` moves on with each event, not at the end, so that a stream
+        cut midway resumes after the last event it delivered.
+        """
+        self.watches += 1
+        query = {
+            "watch": "true",
+            "resourceVersion": since,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self.watch_timeout),
+        }
+        self._stream = self._get(query, (self.request_timeout, self.watch_timeout + 30))
+        for line in self._stream.response:
+            if not line.strip():
+                continue
+            state.streamed += 1
+            kind, node = self._event(json.loads(line))
+            if kind != "BOOKMARK":
+                self._apply(kind, node)
+            state.version = (node.get("metadata") or {}).get("resourceVersion") or state.version
+
+    def _back_off(self, problem: str, state: _WatchState) -> None:
+        """Report ``problem``, then wait longer after each failure in a row (capped, jittered)."""
+        state.failures += 1
+        self._set(tried=True, connected=False, problem=problem)
+        # After a failure, list again once the API answers: that both proves
+        # the connection and catches up on whatever the watch missed.
+        state.version = None
+        low, high = self.backoff
+        delay = random.uniform(0.5, 1.0) * min(high, low * 2 ** (state.failures - 1))
+        # One line per step of the backoff, which says when the next one is.
+        log.warning("node watch: %s; trying again in %.2g s", problem, delay)
+        self._stop.wait(delay)
