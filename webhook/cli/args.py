@@ -114,9 +114,25 @@ def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
 
 
 def _serve_command(sub: Commands) -> None:
-    """``serve`` and its flags."""
+    """``serve`` and its flags, in the order --help lists them."""
     serve = sub.add_parser("serve", help="run the webhook over HTTPS under gunicorn")
+    for add in (
+        _serve_policy_args,
+        _serve_tls_args,
+        _serve_gunicorn_args,
+        _serve_node_watch_args,
+        _serve_observability_args,
+    ):
+        add(serve)
+
+
+def _serve_policy_args(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s policy file."""
     serve.add_argument("--policy", metavar="FILE", help="policy YAML (default: built-in defaults)")
+
+
+def _serve_tls_args(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s certificate and key, or where a development pair is made."""
     serve.add_argument("--cert", metavar="FILE", help="serving certificate (PEM)")
     serve.add_argument("--key", metavar="FILE", help="private key of --cert (PEM)")
     serve.add_argument(
@@ -126,6 +142,10 @@ def _serve_command(sub: Commands) -> None:
         help="where a development CA and certificate are made when --cert is not given "
         "(default: %(default)s)",
     )
+
+
+def _serve_gunicorn_args(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s address, gunicorn workers and threads, and request timeout."""
     serve.add_argument(
         "--bind", default="0.0.0.0:8443", metavar="HOST:PORT", help="default: %(default)s"
     )
@@ -155,6 +175,10 @@ def _serve_command(sub: Commands) -> None:
         choices=("buffering", "gthread", "sync", "gevent"),
         help=argparse.SUPPRESS,  # for comparing worker models in bench/ (gevent: if installed)
     )
+
+
+def _serve_node_watch_args(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s watch of the cluster's Nodes for GPU sizes."""
     serve.add_argument(
         "--watch-nodes",
         action="store_true",
@@ -170,6 +194,10 @@ def _serve_command(sub: Commands) -> None:
     )
     serve.add_argument("--kubeconfig", help="kubeconfig for --watch-nodes (default: in-cluster)")
     serve.add_argument("--context", help="kubeconfig context for --watch-nodes")
+
+
+def _serve_observability_args(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s metrics and logging."""
     serve.add_argument(
         "--no-metrics", dest="metrics", action="store_false", help="do not serve /metrics"
     )
