@@ -75,6 +75,22 @@ def test_every_module_stays_readable(path: Path) -> None:
     assert lines <= MAX_LINES, f"{module_name(path)} has {lines} lines (at most {MAX_LINES})"
 
 
+# A function past this is doing two things: split it into a step that
+# builds and one that emits, or into named parts.
+MAX_FUNCTION_LINES = 60
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[module_name(p) for p in MODULES])
+def test_every_function_fits_a_screen(path: Path) -> None:
+    long = [
+        f"{node.name} ({node.lineno}): {lines} lines"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (lines := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"{module_name(path)}: over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
+
+
 @pytest.mark.parametrize("path", DECISION, ids=[module_name(p) for p in DECISION])
 def test_the_decision_does_no_io(path: Path) -> None:
     found = imports(path)
