@@ -101,9 +101,9 @@ def _check_init_within(
     into a neighbour's share. One over the whole GPU is already named alone.
     """
     unit, scheduler = policy.memory_unit, policy.placed_by.title
-    for ask in asks:
-        if ask.kind == "containers" or ask.memory <= app_total or ask.memory > limits.largest_gpu:
-            continue
+    for ask in [ask for ask in asks if ask.kind == "initContainers"]:
+        if ask.memory <= app_total or ask.memory > limits.largest_gpu:
+            continue  # within what is held, or named alone as too big
         held = (
             f"the pod's app containers together ask {app_total} {unit}"
             if app_total
