@@ -466,6 +466,23 @@ def test_a_document_the_preview_cannot_place_says_why(document: dict[str, Any], 
     assert "None" not in err
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("vm\n", "document 1 is a YAML string, not a Kubernetes object"),
+        ("- a\n- b\n", "document 1 is a YAML list, not a Kubernetes object"),
+        ("foo: bar\n", "has no apiVersion and kind, so no cluster would take it; left as it is"),
+        ("---\n---\nkind: Service\napiVersion: v1\n", ""),
+    ],
+    ids=["a string", "a list", "a mapping of no kind", "empty documents and a Service"],
+)
+def test_a_document_that_is_no_object_is_passed_with_a_note(text: str, said: str) -> None:
+    code, out, err = run_mutate(text)
+    assert code == 0
+    assert out.strip()  # passed through, as kubectl would be handed it
+    assert (said in err and len(err.splitlines()) == 1) if said else err == ""
+
+
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True

@@ -118,6 +118,16 @@ class Preview:
         return any(not decision.allowed for _, decision in self.decisions)
 
 
+# How a document that is not a mapping is named to the person who wrote it.
+_YAML_TYPES: dict[type, str] = {
+    list: "list",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+}
+
+
 def describe(document: Any, index: int) -> str:
     if isinstance(document, Mapping):
         kind = document.get("kind") or "object"
@@ -136,6 +146,11 @@ def preview(document: Any, prepared: Prepared, *, index: int = 1, namespace: str
     label = describe(document, index)
     result = Preview(label, document)
     if not isinstance(document, Mapping):
+        if document is not None:  # an empty document between two "---" is nothing to say
+            result.notes.append(
+                f"{label} is a YAML {_YAML_TYPES.get(type(document), 'value')}, not a "
+                "Kubernetes object (a mapping with apiVersion and kind); left as it is"
+            )
         return result
     paths = _workload_paths(document, result)
     if not paths:
@@ -176,11 +191,11 @@ def _workload_paths(document: Mapping[str, Any], result: Preview) -> tuple[Path,
 def _note_unknown(document: Mapping[str, Any], resource_name: str, result: Preview) -> None:
     """Say why a document that is not previewed goes unchecked, if it asks for the resource.
 
-    Documents that never mention the resource get no note: a stream of
-    manifests holds Services, ConfigMaps and the like.
+    Objects of other kinds that never mention the resource get no note: a
+    stream of manifests holds Services, ConfigMaps and the like. A document
+    with no apiVersion or kind is no object at all, so it always gets one.
     """
-    if resource_name not in json.dumps(document, default=str):
-        return
+    mentions = resource_name in json.dumps(document, default=str)
     kind, api_version = document.get("kind"), document.get("apiVersion")
     if not isinstance(kind, str) or not isinstance(api_version, str):
         missing = " and ".join(
@@ -192,8 +207,10 @@ def _note_unknown(document: Mapping[str, Any], resource_name: str, result: Previ
             f"{result.label} mentions {resource_name} but has no {missing}, so no cluster "
             "would take it: add it (apiVersion: v1 and kind: Pod, or apps/v1 and the "
             "workload's kind)"
+            if mentions
+            else f"{result.label} has no {missing}, so no cluster would take it; left as it is"
         )
-    else:
+    elif mentions:
         result.notes.append(
             f"{result.label} mentions {resource_name} but {api_version} {kind} is not a "
             "kind the preview knows; its pods will be checked when they are created"
