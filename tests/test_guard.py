@@ -202,8 +202,9 @@ def test_the_guard_denies_where_the_webhook_refuses_and_warns_where_it_warns(
         spec = binding["spec"]
         assert spec["policyName"] == "gpushare-webhook-guard"
         selector = spec.get("matchResources", {}).get("namespaceSelector", {})
-        (expression,) = selector.get("matchExpressions", [{}])
-        assert expression.get("key", "kubernetes.io/metadata.name") == "kubernetes.io/metadata.name"
+        # A binding for every namespace has no selector; one that has one selects by name.
+        (expression,) = selector.get("matchExpressions", [{"key": "kubernetes.io/metadata.name"}])
+        assert expression["key"] == "kubernetes.io/metadata.name"
         found[binding["metadata"]["name"]] = (
             spec["validationActions"],
             expression.get("operator"),
