@@ -142,8 +142,10 @@ def test_serve_refuses_a_broken_pair(tmp_path: Path, problem: str) -> None:
         _, s_cert = tls.issue_serving(key, ca, dns_names=["x"])
         s_key, _ = tls.issue_serving(key, ca, dns_names=["x"])
     cert, pkey = write_pair(tmp_path, s_key, s_cert)
+    pair = ["--cert", str(cert), "--key", str(pkey)]
+    bind = ["--bind", f"127.0.0.1:{free_port()}"]  # README command 1 may hold the default port
     done = subprocess.run(
-        [sys.executable, "-m", "webhook", "serve", "--cert", str(cert), "--key", str(pkey)],
+        [sys.executable, "-m", "webhook", "serve", *pair, *bind],
         capture_output=True,
         text=True,
         timeout=60,

@@ -154,9 +154,14 @@ def test_serve_refuses_to_start_with_a_clear_message(args: list[str], message: s
 
 
 def _serve_fails(*args: str) -> str:
-    """Run serve, which must refuse to start: exit 2, one line."""
+    """Run serve, which must refuse to start: exit 2, one line.
+
+    On a port of its own unless ``args`` bind one: a webhook already
+    serving on the default port (README command 1) must not answer for it.
+    """
+    bind = [] if "--bind" in args else ["--bind", f"127.0.0.1:{free_port()}"]
     done = subprocess.run(
-        [sys.executable, "-m", "webhook", "serve", *args],
+        [sys.executable, "-m", "webhook", "serve", *args, *bind],
         capture_output=True,
         text=True,
         timeout=60,
@@ -211,15 +216,7 @@ def test_serve_refuses_a_certs_dir_it_cannot_use(tmp_path: Path) -> None:
 def test_serve_refuses_a_broken_policy(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text("gpuMemory: lots\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "webhook", "serve", "--policy", str(policy)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 2
-    assert "'gpuMemory': expected a positive whole number" in done.stderr
+    assert "'gpuMemory': expected a positive whole number" in _serve_fails("--policy", str(policy))
 
 
 def test_access_lines_only_with_access_log(server: Server, tmp_path: Path) -> None:
@@ -237,7 +234,8 @@ def test_access_lines_only_with_access_log(server: Server, tmp_path: Path) -> No
 def test_watch_nodes_without_credentials_stops_start_up(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "webhook", "serve", "--watch-nodes",
-         "--kubeconfig", str(tmp_path / "missing"), "--certs-dir", str(tmp_path)],
+         "--kubeconfig", str(tmp_path / "missing"), "--certs-dir", str(tmp_path),
+         "--bind", f"127.0.0.1:{free_port()}"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2
