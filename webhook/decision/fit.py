@@ -101,7 +101,8 @@ def _check_init_within(
     into a neighbour's share. One over the whole GPU is already named alone.
     """
     unit, scheduler = policy.memory_unit, policy.placed_by.title
-    for ask in [ask for ask in asks if ask.kind == "initContainers"]:
+    inits = [a for a in asks if a.kind == "initContainers"]
+    for ask in inits:
         if ask.memory <= app_total or ask.memory > limits.largest_gpu:
             continue  # within what is held, or named alone as too big
         held = (
