@@ -151,7 +151,7 @@ def _histogram(metrics: str, hook: str = HOOK) -> tuple[float, dict[float, float
     return first, buckets
 
 
-def start_floor(
+def _start_floor(
     folder: Path, patch: str = "none", like: str = ""
 ) -> tuple[subprocess.Popen[bytes], int]:
     """bench/floor.py, the least a webhook can do, with the webhook's own certificate."""
@@ -173,7 +173,7 @@ def start_floor(
     return process, port
 
 
-def register_as_ours(plane: ControlPlane, port: int, namespace: str) -> None:
+def _register_as_ours(plane: ControlPlane, port: int, namespace: str) -> None:
     """The floor at ``port`` registered as our webhook is, for ``namespace`` alone."""
     stored = plane.kubectl("get", "mutatingwebhookconfiguration", "gpushare-webhook", "-o", "json")
     hook = json.loads(stored.stdout)["webhooks"][0]
@@ -238,7 +238,7 @@ def run(quick: bool) -> dict[str, Any]:
                 ("bench-one-op", ONE_OP, "one"),
                 ("bench-many-ops", MANY_OPS, "many"),
             ):
-                process, port = start_floor(root / "webhook", patch)
+                process, port = _start_floor(root / "webhook", patch)
                 floors.append(process)
                 register_webhook(
                     plane,
@@ -249,9 +249,9 @@ def run(quick: bool) -> dict[str, Any]:
                     path="/mutate",
                 )
             ours = f"https://127.0.0.1:{installed.server.port}/mutate"
-            process, port = start_floor(root / "webhook", like=ours)
+            process, port = _start_floor(root / "webhook", like=ours)
             floors.append(process)
-            register_as_ours(plane, port, LIKE_OURS)
+            _register_as_ours(plane, port, LIKE_OURS)
             for namespace in NAMESPACES:
                 wait_for_service_account(installed.api, namespace)
             for namespace in NAMESPACES:  # warm every path

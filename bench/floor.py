@@ -106,6 +106,8 @@ def main() -> None:
     parser.add_argument("--like", metavar="URL", help="answer as the webhook at URL answers")
     parser.add_argument("--like-ca", type=Path, help="the CA of the webhook at --like")
     args = parser.parse_args()
+    if args.like and not args.like_ca:
+        parser.error("--like needs --like-ca, the CA of the webhook it asks")
     options = ServeOptions(
         bind=args.bind,
         cert=Path(args.cert),
