@@ -232,6 +232,7 @@ def test_access_lines_only_with_access_log(server: Server, tmp_path: Path) -> No
 
 
 def test_watch_nodes_without_credentials_stops_start_up(tmp_path: Path) -> None:
+    # Not _serve_fails: the development certificate's lines come first, then the watch's.
     done = subprocess.run(
         [sys.executable, "-m", "webhook", "serve", "--watch-nodes",
          "--kubeconfig", str(tmp_path / "missing"), "--certs-dir", str(tmp_path),
