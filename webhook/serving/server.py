@@ -36,6 +36,9 @@ DEFAULT_WORKER_CONNECTIONS = 500
 # races the client's next call on that connection, which Go does not retry
 # for a POST ("write: broken pipe", a failed create). docs/design.md, "Limits".
 DEFAULT_IDLE_TIMEOUT = 120
+# After the drain, in-flight calls get this long to finish (the manifests'
+# terminationGracePeriodSeconds covers the drain and this).
+GRACEFUL_TIMEOUT = 20
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             "keepalive": o.keepalive,
             "timeout": o.timeout,
             "worker_connections": o.worker_connections,
-            "graceful_timeout": 20,
+            "graceful_timeout": GRACEFUL_TIMEOUT,
             "pre_request": close_while_draining(DrainFlag(o.drain_flag)) if o.drain_flag else None,
             "loglevel": o.log_level,
             "errorlog": "-",
