@@ -76,6 +76,7 @@ def _mode(installed: Installed, folder: Path, drain: float, settle: float) -> di
             "seconds": round(seconds, 1),
             "events": creators.summary(),
             "gpu_pods_unconfined": len(unconfined(installed, namespace)),
+            "first_failure": creators.examples,
         }
     finally:
         point_webhook_at(plane, f"https://127.0.0.1:{installed.server.port}/mutate")
@@ -118,3 +119,5 @@ def report(results: dict[str, Any]) -> None:
                 f"{row['timed_out']:g} timed out, {row['refused_by_the_guard']:g} by the guard, "
                 f"{row['failed_otherwise']:g} otherwise{gap}"
             )
+        for event, message in mode["first_failure"].items():
+            print(f"    first failure in {event}: {message[:200]}")

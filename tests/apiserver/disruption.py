@@ -205,6 +205,7 @@ class Creators:
         self.event = "steady"
         self.done: list[Create] = []
         self.windows: dict[str, tuple[float, float]] = {}
+        self.examples: dict[str, str] = {}  # an event's first failed create: what it said
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [
@@ -271,6 +272,9 @@ class Creators:
             if event in self.windows:
                 row["longest_gap_s"] = round(self._longest_gap(*self.windows[event]), 2)
             found[event] = row
+            failed = [c for c in creates if c.outcome != "answered"]
+            if failed:
+                self.examples[event] = failed[0].message[:300]
         return found
 
     def _longest_gap(self, began: float, ended: float) -> float:
@@ -282,7 +286,8 @@ class Creators:
 def outcome(message: str) -> str:
     if GUARDED in message:
         return "refused by the guard"
-    if "deadline exceeded" in message or "timeout" in message.lower():
+    # NB: not "timeout": the URL of every failed call carries "?timeout=5s".
+    if "deadline exceeded" in message or "Client.Timeout" in message:
         return "timed out"
     if "failed calling webhook" in message:
         return "refused"

@@ -1,13 +1,13 @@
 """Pods as each release of the webhook sets them up, kept so later guards are held to them.
 
 ``tests/skew/<version>/<policy>/<case>.yaml`` is a GPU pod as release
-``<version>`` stores it under policy ``<version>/<policy>.policy.yaml``.
-A release adds its own folder (``python -m tests.skew``) and never edits
-an earlier one: tests/apiserver/test_skew.py applies the guard this code
-makes from each policy and creates every kept pod against it through the
-real API server, with the webhook not called, so a guard that refuses the
-set-up of the release before it fails there (docs/operations.md, "Version
-skew").
+``<version>`` stores it under policy ``<version>/<policy>.policy.yaml``,
+and ``<version>/<policy>.guard.yaml`` the guard that release makes from
+that policy. A release adds its own folder (``python -m tests.skew``) and
+never edits an earlier one. tests/apiserver/test_skew.py holds both
+directions of the skew rule (docs/operations.md, "Version skew") through
+the real API server: every kept pod passes the guard this code makes, and
+the pods this code sets up pass every kept guard.
 """
 
 from __future__ import annotations
@@ -70,6 +70,11 @@ def policies() -> dict[str, tuple[str, list[str]]]:
         assert not old or text != shipped, f"the shipped policy has no {old!r}"
         made[name] = (text, cases)
     return made
+
+
+def guards(release: str = "*") -> list[Path]:
+    """Every kept guard (of ``release``)."""
+    return sorted(HERE.glob(f"{release}/*.guard.yaml"))
 
 
 def kept(release: str = "*") -> list[tuple[str, str, Path]]:

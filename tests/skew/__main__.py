@@ -24,6 +24,13 @@ def main() -> int:
         (folder / name).mkdir(parents=True)
         policy = folder / f"{name}.policy.yaml"
         policy.write_text(text)
+        guard = subprocess.run(
+            [sys.executable, "-m", "webhook", "policy", "guard", str(policy)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        (folder / f"{name}.guard.yaml").write_text(guard.stdout)
         for case in cases:
             body = CASES[case]
             done = subprocess.run(
