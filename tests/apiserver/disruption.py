@@ -274,7 +274,10 @@ class Creators:
             found[event] = row
             failed = [c for c in creates if c.outcome != "answered"]
             if failed:
-                self.examples[event] = failed[0].message[:300]
+                began = self.windows.get(event, (failed[0].started, 0.0))[0]
+                self.examples[event] = (
+                    f"{failed[0].started - began:+.2f} s into it: {failed[0].message[:300]}"
+                )
         return found
 
     def _longest_gap(self, began: float, ended: float) -> float:

@@ -84,7 +84,7 @@ def test_no_create_is_lost_to_an_update_a_rotation_a_policy_edit_or_a_guard_upgr
     lost = ("refused", "timed_out", "refused_by_the_guard", "failed_otherwise")
     for event, row in summary.items():
         if event != "SIGKILL":
-            assert not any(row[name] for name in lost), dump(summary)
+            assert not any(row[name] for name in lost), dump([summary, creators.examples])
         assert row["attempted"] >= 10, dump(summary)
     # Killed hard, a replica loses the calls in flight to it and those sent to
     # its address until the endpoint list drops it; none after that.

@@ -182,7 +182,7 @@ def _serve_gunicorn_args(serve: argparse.ArgumentParser) -> None:
         type=positive_seconds,
         default=None,
         metavar="SECONDS",
-        help="time a client has from connecting (or its first byte on a kept-alive "
+        help="time a client has from connecting (or from a request's first byte on an idle "
         f"connection) to send a whole request (default: {SERVE_DEFAULTS['read_timeout']:g})",
     )
     serve.add_argument(
