@@ -34,7 +34,8 @@ DEFAULT_WORKER_CONNECTIONS = 500
 # NB: longer than the API server's webhook client keeps an idle connection
 # (90 s): the client then always closes first. A server that closes first
 # races the client's next call on that connection, which Go does not retry
-# for a POST ("write: broken pipe", a failed create). docs/design.md, "Limits".
+# for a POST ("write: broken pipe", a failed create). docs/design.md, "Worker
+# model and timeouts".
 DEFAULT_IDLE_TIMEOUT = 120
 # After the drain, in-flight calls get this long to finish (the manifests'
 # terminationGracePeriodSeconds covers the drain and this).
