@@ -25,7 +25,7 @@ from typing import Any
 
 from flask import Flask, Response, request
 
-from webhook.serving.server import ServeOptions, WebhookServer
+from webhook.serving.server import DEFAULT_IDLE_TIMEOUT, ServeOptions, WebhookServer
 
 
 def fixed_patch(shape: str, ops: int) -> str:
@@ -114,6 +114,10 @@ def main() -> None:
         key=Path(args.key),
         log_level="warning",
         worker_class=args.worker_class,
+        # Idle connections kept as long as the webhook keeps them (longer than
+        # the API server does), so neither loses a create to a closing one.
+        keepalive=DEFAULT_IDLE_TIMEOUT,
+        drain=0.0,  # a bench's floor stops at once
     )
     like = answered_like(args.like, args.like_ca) if args.like else None
     WebhookServer(create_floor(fixed_patch(args.patch, args.ops), like), options).run()

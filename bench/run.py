@@ -3,6 +3,7 @@
     python bench/run.py [--quick]
     python bench/run.py --apiserver [--quick]   (through the real kube-apiserver)
     python bench/run.py --scheduler [--quick]   (create to bound: kube-scheduler, the extender)
+    python bench/run.py --disruption [--quick]  (creates through updates, rotations, SIGKILL)
 
 Starts ``gpushare-webhook serve`` as deployed (gunicorn, TLS, the project's
 own certificates) and the floor (``bench/floor.py``: json.loads and a fixed
@@ -331,7 +332,16 @@ def main() -> int:
         help="run only the node agent's footprint (bench/node.py) and write it under the key "
         "'node' of --out",
     )
+    parser.add_argument(
+        "--disruption",
+        action="store_true",
+        help="run only pod creates at 20 a second through a rolling update, a certificate "
+        "rotation, a policy edit, a guard upgrade and a SIGKILL, drain on and off "
+        "(bench/disruption.py) and write it under the key 'disruption' of --out",
+    )
     args = parser.parse_args()
+    if args.disruption:
+        return cluster_part("disruption", Path(args.out), quick=args.quick)
     if args.node:
         return cluster_part("node", Path(args.out), quick=args.quick)
     if args.scheduler:
@@ -483,8 +493,8 @@ def _scheduling_tier_missing() -> str | None:
 
 
 def cluster_part(name: str, out: Path, *, quick: bool) -> int:
-    """A part that runs against the tests' control plane: bench/apiserver.py, bench/memory.py
-    or bench/scheduler.py."""
+    """A part that runs against the tests' control plane: bench/apiserver.py, bench/memory.py,
+    bench/scheduler.py or bench/disruption.py."""
     import importlib
 
     from tests.controlplane.build import Unavailable

@@ -126,9 +126,20 @@ def start_server(
     env: dict[str, str] | None = None,
     host: str = "localhost",
 ) -> Server:
+    # A test's server stops at once on SIGTERM; tests/test_drain.py tests the drain.
+    drain = [] if "--drain" in args else ["--drain", "0"]
     with log.open("ab") as handle:  # the child keeps its own copy of the descriptor
         process = subprocess.Popen(
-            [sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}", *args],
+            [
+                sys.executable,
+                "-m",
+                "webhook",
+                "serve",
+                "--bind",
+                f"127.0.0.1:{port}",
+                *drain,
+                *args,
+            ],
             stdout=handle,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},

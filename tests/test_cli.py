@@ -373,11 +373,19 @@ def test_serve_help_shows_the_defaults_serve_uses() -> None:
         "workers": options.workers,
         "threads": options.threads,
         "read_timeout": options.read_timeout,
+        "idle_timeout": options.keepalive,
+        "drain": options.drain,
     } == SERVE_DEFAULTS
     text = " ".join(
         build_parser()._subparsers._group_actions[0].choices["serve"].format_help().split()
     )
-    for default in ["(default: 2)", "(default: 4)", "(default: 10)", "default: 0.0.0.0:8443"]:
+    for default in [
+        "(default: 2)",
+        "(default: 4)",
+        "(default: 10)",
+        "(default: 120)",
+        "(default: 5)",
+    ]:
         assert default in text
 
 

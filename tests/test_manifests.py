@@ -28,6 +28,7 @@ from webhook.cli import build_parser
 from webhook.decision.admission import admit
 from webhook.decision.policy import DEFAULT_POLICY, parse_policy_text
 from webhook.decision.prepared import Prepared
+from webhook.serving.server import GRACEFUL_TIMEOUT, ServeOptions
 
 ROOT = Path(__file__).parent.parent
 OVERLAYS = {
@@ -271,6 +272,20 @@ def test_deployment_is_hardened_and_highly_available() -> None:
         assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     pdb = find("default", "PodDisruptionBudget")
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+
+
+def test_a_stopping_replica_drains_within_its_grace_period() -> None:
+    """Drain, then gunicorn's graceful stop, before the kubelet's SIGKILL; one replica at a time."""
+    deployment = find("default", "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    (webhook,) = spec["containers"]
+    args = build_parser().parse_args([*webhook["command"][1:], *webhook["args"]])
+    options = ServeOptions(cert=Path("c"), key=Path("k"))
+    drain = args.drain if args.drain is not None else options.drain
+    assert spec["terminationGracePeriodSeconds"] >= drain + GRACEFUL_TIMEOUT
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert find("default", "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    assert "lifecycle" not in webhook  # the server drains itself (docs/design.md, "Drain")
 
 
 def pod_templates(overlay: str) -> list[tuple[str, dict[str, str]]]:

@@ -1,4 +1,4 @@
-"""The gunicorn internals webhook.serving.worker rests on still exist, in the shape it uses.
+"""The gunicorn internals webhook.serving.worker and .drain rest on still exist, as they use them.
 
 An upgrade of gunicorn that renames or reshapes one of them fails here, by
 name, before it fails as a hung connection in the transport tests.
@@ -17,9 +17,14 @@ import pytest
 from gunicorn.config import Config
 from gunicorn.workers.gthread import TConn
 
+from webhook.serving.drain import DRAIN_INTERNALS
 from webhook.serving.worker import GUNICORN_INTERNALS
 
-FIX = "webhook/serving/worker.py relies on it (see its docstring): adapt the worker or pin gunicorn"
+FIX = (
+    "webhook/serving/worker.py or drain.py relies on it (see its docstring): "
+    "adapt it or pin gunicorn"
+)
+INTERNALS = GUNICORN_INTERNALS + DRAIN_INTERNALS
 
 
 def _resolve(where: str) -> Any:
@@ -43,8 +48,8 @@ def _instance_attributes(owner: Any) -> set[str]:
 
 @pytest.mark.parametrize(
     ("where", "name", "params"),
-    GUNICORN_INTERNALS,
-    ids=[f"{where.rsplit('.', 1)[-1]}.{name}" for where, name, _ in GUNICORN_INTERNALS],
+    INTERNALS,
+    ids=[f"{where.rsplit('.', 1)[-1]}.{name}" for where, name, _ in INTERNALS],
 )
 def test_gunicorn_still_has(where: str, name: str, params: tuple[str, ...] | None) -> None:
     owner = _resolve(where)

@@ -143,6 +143,20 @@ def test_silent_and_half_handshake_connections_are_cut(tight: Server, stall: byt
         assert closed_by_server(sock, within=READ_TIMEOUT + 2.0)
 
 
+def test_a_connection_dialled_ahead_is_kept_idle_past_the_read_timeout(tight: Server) -> None:
+    """Go's client pools a connection it dialled and did not use yet: the server must not close
+    it at --read-timeout, or the client's first call on it races the close."""
+    with raw_tls(tight) as sock:  # the handshake is done; no request yet
+        assert not closed_by_server(sock, within=READ_TIMEOUT + 1.0)
+        body = json.dumps(review(pod(container(gpu="4")))).encode()
+        sock.sendall(
+            b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        sock.settimeout(10)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+
+
 def test_plain_http_to_the_tls_port_gets_a_plain_400(tight: Server) -> None:
     with socket.create_connection(("127.0.0.1", tight.port), timeout=10) as sock:
         sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")

@@ -48,6 +48,16 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 seconds or more")
+    return value
+
+
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _KEY = rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}"
 _VALUE = rf"({_NAME})?"
@@ -77,7 +87,13 @@ def label_selector(text: str) -> str:
 
 # NB: serve's defaults live in webhook.serving (ServeOptions); they are written
 # here too so --help needs no gunicorn import, and a test holds the two equal.
-SERVE_DEFAULTS = {"workers": 2, "threads": 4, "read_timeout": 10.0}
+SERVE_DEFAULTS = {
+    "workers": 2,
+    "threads": 4,
+    "read_timeout": 10.0,
+    "idle_timeout": 120,
+    "drain": 5.0,
+}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -166,8 +182,24 @@ def _serve_gunicorn_args(serve: argparse.ArgumentParser) -> None:
         type=positive_seconds,
         default=None,
         metavar="SECONDS",
-        help="time a client has from connecting (or its first byte on a kept-alive "
+        help="time a client has from connecting (or from a request's first byte on an idle "
         f"connection) to send a whole request (default: {SERVE_DEFAULTS['read_timeout']:g})",
+    )
+    serve.add_argument(
+        "--idle-timeout",
+        type=positive_int,
+        default=None,
+        metavar="SECONDS",
+        help="time a kept-alive connection may sit idle; keep it above the API server's 90 "
+        f"(default: {SERVE_DEFAULTS['idle_timeout']})",
+    )
+    serve.add_argument(
+        "--drain",
+        type=non_negative_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="after SIGTERM, time readiness fails while calls are still answered, before the "
+        f"server stops; 0 stops at once (default: {SERVE_DEFAULTS['drain']:g})",
     )
     serve.add_argument(
         "--worker-class",

@@ -26,6 +26,7 @@ from webhook.decision.nodesource import NodeSource
 if TYPE_CHECKING:
     from webhook.cluster.watchprocess import NodeWatch
     from webhook.serving.app import State
+    from webhook.serving.drain import DrainFlag
     from webhook.serving.server import ServeOptions
 from webhook.errors import CertificateError, InputError
 
@@ -49,7 +50,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     tls.check_pair(cert, key)
     owned: list[Path] = []  # directories this process made, removed at its exit
     nodes, watch, liveness = _node_source(args, owned)
-    state = State(policy=source, nodes=nodes, ready=_readiness(host, int(port), nodes))
+    drain_flag = _drain_flag(owned)
+    state = State(policy=source, nodes=nodes, ready=_readiness(host, int(port), nodes, drain_flag))
     if liveness is not None:
         state.alive = liveness
     if args.metrics:
@@ -61,7 +63,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from webhook.serving import metrics
 
         state.metrics = metrics.Metrics(source, nodes, cert)
-    options = _serve_options(args, cert, key, log_config, state)
+    options = _serve_options(args, cert, key, log_config, state, drain_flag=drain_flag.path)
     master = os.getpid()
     app = create_app(state)
     # NB: a forked process shares this one's memory until it writes to it,
@@ -131,8 +133,24 @@ def _node_source(
     return shared_nodes, watch, shared_nodes.liveness
 
 
+def _drain_flag(owned: list[Path]) -> DrainFlag:
+    """The flag the arbiter raises on SIGTERM and the workers read (webhook.serving.drain)."""
+    from webhook.serving.drain import DrainFlag
+    from webhook.serving.runtime import runtime_dir
+
+    directory = runtime_dir("gpushare-drain-")
+    owned.append(directory)
+    return DrainFlag(directory / "draining")
+
+
 def _serve_options(
-    args: argparse.Namespace, cert: Path, key: Path, log_config: dict[str, Any], state: State
+    args: argparse.Namespace,
+    cert: Path,
+    key: Path,
+    log_config: dict[str, Any],
+    state: State,
+    *,
+    drain_flag: Path,
 ) -> ServeOptions:
     """gunicorn's settings: the flags given, the rest left to ServeOptions' defaults."""
     from webhook.serving.server import ServeOptions
@@ -145,6 +163,7 @@ def _serve_options(
         access_log=args.access_log,
         log_config=log_config,
         on_connection_cut=state.metrics.connection_cut if state.metrics else None,
+        drain_flag=drain_flag,
         **{
             name: value
             for name, value in (
@@ -152,6 +171,8 @@ def _serve_options(
                 ("threads", args.threads),
                 ("worker_class", args.worker_class),
                 ("read_timeout", args.read_timeout),
+                ("keepalive", args.idle_timeout),
+                ("drain", args.drain),
             )
             if value is not None
         },
@@ -169,6 +190,8 @@ def _log_serving(args: argparse.Namespace, options: ServeOptions) -> None:
                 "threads": options.threads,
                 "worker_class": options.worker_class,
                 "read_timeout": options.read_timeout,
+                "idle_timeout": options.keepalive,
+                "drain": options.drain,
                 "policy": args.policy or "built-in defaults",
                 "watch_nodes": bool(args.watch_nodes),
                 **({"node_selector": args.node_selector} if args.node_selector else {}),
@@ -258,12 +281,13 @@ def _dev_dir(directory: Path) -> Path:
 
 
 def _readiness(
-    host: str, port: int, nodes: NodeSource, *, ttl: float = 5.0
+    host: str, port: int, nodes: NodeSource, draining: Callable[[], bool], *, ttl: float = 5.0
 ) -> Callable[[], tuple[bool, str]]:
     """Ready once the policy and certificate are loaded and our own port answers TLS.
 
     The policy and pair are loaded before gunicorn starts (or it never
-    starts), so what is left to prove is the listener itself; and, with
+    starts), so what is left to prove is the listener itself (and that the
+    server is not draining: see webhook.serving.drain); and, with
     --watch-nodes, that the first node list has been answered: a replica
     that took traffic before would judge pods by the policy's guess. A
     failed list does not hold readiness back (the policy then bounds, and
@@ -281,6 +305,8 @@ def _readiness(
     cache: dict[str, Any] = {"at": -ttl, "result": (False, "not checked yet")}
 
     def ready() -> tuple[bool, str]:
+        if draining():
+            return False, "draining: the server is stopping"
         status = nodes.status()
         if status.watching and not status.tried:
             return False, "waiting for the first node list"

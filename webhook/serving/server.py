@@ -10,6 +10,7 @@ webhook.serving.worker; this module uses only gunicorn's public API
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
 
 from webhook.serving.context import ReloadingContext, server_context
+from webhook.serving.drain import DEFAULT_DRAIN, DrainFlag, close_while_draining, draining_arbiter
 from webhook.serving.worker import DEFAULT_READ_TIMEOUT, bounded_socket_class, buffering_worker
 
 # gthread with SO_REUSEPORT: keep-alive connections from the apiserver are
@@ -29,6 +31,15 @@ DEFAULT_WORKERS = 2
 DEFAULT_THREADS = 4
 # Connections one worker holds at once; past it, new ones wait in the backlog.
 DEFAULT_WORKER_CONNECTIONS = 500
+# NB: longer than the API server's webhook client keeps an idle connection
+# (90 s): the client then always closes first. A server that closes first
+# races the client's next call on that connection, which Go does not retry
+# for a POST ("write: broken pipe", a failed create). docs/design.md, "Worker
+# model and timeouts".
+DEFAULT_IDLE_TIMEOUT = 120
+# After the drain, in-flight calls get this long to finish (the manifests'
+# terminationGracePeriodSeconds covers the drain and this).
+GRACEFUL_TIMEOUT = 20
 
 
 @dataclass(frozen=True)
@@ -39,8 +50,10 @@ class ServeOptions:
     workers: int = DEFAULT_WORKERS
     threads: int = DEFAULT_THREADS
     worker_class: str = DEFAULT_WORKER_CLASS
-    keepalive: int = 30
+    keepalive: int = DEFAULT_IDLE_TIMEOUT  # seconds a kept-alive connection may sit idle
     timeout: int = 30
+    drain: float = DEFAULT_DRAIN  # seconds answered after SIGTERM (webhook.serving.drain)
+    drain_flag: Path | None = None  # the file that says "draining" to the workers
     read_timeout: float = DEFAULT_READ_TIMEOUT  # connect (or first byte) to whole request
     worker_connections: int = DEFAULT_WORKER_CONNECTIONS
     # Told (reason, count) when the worker closes connections that sent no
@@ -97,7 +110,8 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             "keepalive": o.keepalive,
             "timeout": o.timeout,
             "worker_connections": o.worker_connections,
-            "graceful_timeout": 20,
+            "graceful_timeout": GRACEFUL_TIMEOUT,
+            "pre_request": close_while_draining(DrainFlag(o.drain_flag)) if o.drain_flag else None,
             "loglevel": o.log_level,
             "errorlog": "-",
             "accesslog": "-" if o.access_log else None,
@@ -118,6 +132,15 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
 
     def load(self) -> Any:
         return self.application
+
+    def run(self) -> None:
+        # gunicorn's BaseApplication.run, with the arbiter that drains on SIGTERM.
+        flag = DrainFlag(self.options.drain_flag) if self.options.drain_flag else None
+        try:
+            draining_arbiter(self.options.drain, flag)(self).run()
+        except RuntimeError as error:
+            print(f"\nError: {error}\n", file=sys.stderr, flush=True)
+            sys.exit(1)
 
 
 class QuietAccessLogger(Logger):  # type: ignore[misc]

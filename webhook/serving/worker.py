@@ -18,8 +18,11 @@ tests/test_worker_contract.py fails by name if an upgrade changes one:
   called to answer a small review on the event loop itself;
 - ``ThreadWorker.poller`` (a selector whose key data is called with the
   file object), ``pending_conns``, ``nr_conns``, ``cfg``, ``log``;
+- ``ThreadWorker.keepalived_conns`` (a deque sorted by ``conn.timeout``) and
+  ``on_client_socket_readable(conn, client)``, where a connection that has
+  done its handshake waits for its first request, as kept-alive ones do;
 - ``TConn``'s ``sock``, ``parser``, ``initialized``, ``data_ready``,
-  ``timeout``, ``client`` and ``close()``;
+  ``timeout``, ``client``, ``set_timeout()`` and ``close()``;
 - ``gunicorn.http.get_parser(cfg, source, source_addr)`` and the parser's
   ``unreader.take_buffered()`` / ``unread(data)``;
 - ``gunicorn.sock.ssl_context(conf)``, which calls the ``ssl_context``
@@ -77,6 +80,9 @@ GUNICORN_INTERNALS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
     ("gunicorn.workers.gthread.ThreadWorker", "handle", ("self", "conn")),
     ("gunicorn.workers.gthread.ThreadWorker", "finish_request", ("self", "conn", "fs")),
     ("gunicorn.workers.gthread.ThreadWorker", "pending_conns", None),
+    ("gunicorn.workers.gthread.ThreadWorker", "keepalived_conns", None),
+    ("gunicorn.workers.gthread.ThreadWorker", "on_client_socket_readable", ("self", "conn")),
+    ("gunicorn.workers.gthread.TConn", "set_timeout", ("self",)),
     ("gunicorn.workers.gthread.ThreadWorker", "nr_conns", None),
     ("gunicorn.workers.gthread.ThreadWorker", "poller", None),
     ("gunicorn.workers.gthread.TConn", "sock", None),
@@ -192,7 +198,8 @@ class BufferingWorker(ThreadWorker):  # type: ignore[misc]
                 super().enqueue_req(conn)
             return
         left = conn.parser.unreader.take_buffered() if conn.parser is not None else b""
-        conn.reading = _Reading(left, tls=conn.initialized or not self.cfg.is_ssl)
+        tls = conn.initialized or getattr(conn, "handshaken", False) or not self.cfg.is_ssl
+        conn.reading = _Reading(left, tls=tls)
         conn.sock.setblocking(False)
         conn.timeout = time.monotonic() + self.read_timeout
         self.pending_conns.append(conn)
@@ -255,8 +262,25 @@ class BufferingWorker(ThreadWorker):  # type: ignore[misc]
         elif whole:
             self.pending_conns.remove(conn)
             self._hand_over(conn)
+        elif conn.reading.tls and not conn.reading.buf and self.alive:
+            self._keep_idle(conn)
         else:
             self.poller.register(conn.sock, 1, partial(self._on_readable, conn))
+
+    def _keep_idle(self, conn: Any) -> None:
+        """A connection past its handshake, with no request yet: idle, as a kept-alive one.
+
+        HTTP clients dial ahead and pool what they did not use (Go's does):
+        cut at ``read_timeout``, such a connection would close under the
+        client's first call on it. It waits as gthread's kept-alive
+        connections do, for the idle timeout; its request, once a byte of
+        it comes, has ``read_timeout`` again.
+        """
+        self.pending_conns.remove(conn)
+        conn.handshaken = True
+        conn.set_timeout()  # now + the idle (keep-alive) timeout
+        self.keepalived_conns.append(conn)
+        self.poller.register(conn.sock, 1, partial(self.on_client_socket_readable, conn))
 
     def _progress(self, conn: Any) -> bool | None:
         """Read what is there without blocking: True when whole, None to close."""
