@@ -109,6 +109,9 @@ REGION_DIR = "/var/run/gpushare"
 # The shim maps sizeof(shared_region_t) bytes, 2,008,952 at this commit (x86-64),
 # plus one byte it writes past them; a region is a sparse file, so far less is used.
 REGION_BYTES = 2_008_953
+# Where the shim opens its region when CUDA_DEVICE_MEMORY_SHARED_CACHE is unset
+# (try_create_shrreg): with shim.initRegions, each GPU container's own region.
+REGION_FALLBACK = "/tmp/cudevshr.cache"
 
 
 def region_path(container: str) -> str:
