@@ -110,6 +110,13 @@ def _named(names: list[Any]) -> list[tuple[int, Any]]:
     return list(reversed(list(enumerate(names))))
 
 
+def has_init_step(spec: Mapping[str, Any]) -> bool:
+    """Whether the pod's first init container is the webhook's step (of any policy)."""
+    inits = spec.get("initContainers")
+    first = inits[0] if isinstance(inits, list) and inits else None
+    return isinstance(first, dict) and first.get("name") == INIT_STEP
+
+
 def init_step(asks: list[ContainerAsk], layout: Layout) -> dict[str, Any]:
     """The init container: ``node init-regions`` with each GPU container's pinned limits."""
     regions = []

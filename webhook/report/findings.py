@@ -35,6 +35,7 @@ import jsonpatch
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.capacity import gpu_node
 from webhook.decision.fields import STATUS_ANNOTATION, container_label
+from webhook.decision.inject import has_init_step
 from webhook.decision.nodesource import facts_of
 from webhook.decision.plan import Decision, is_gpu_pod, plan
 from webhook.decision.policy import Policy
@@ -219,6 +220,8 @@ def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
     # NB: the scheduler's binding sets nodeName on every placed pod; as created,
     # it had none (a pod created with one is judged as if it had not).
     created = {**pod, "spec": {k: v for k, v in spec.items() if k != "nodeName"}}
+    if policy.shim.init_regions and not has_init_step(spec):
+        prepared = prepared.without_init_step()  # set up before the step: held to the rest
     decision = plan(created, prepared, namespace=namespace, limits=prepared.limits(spec))
     if decision.outcome == "untouched":
         return None
