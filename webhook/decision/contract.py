@@ -60,7 +60,8 @@ VARIABLES = (
         "limits of the process that creates it hold for every process that opens it later",
         "pinned to /var/run/gpushare/<container>.cache, in the pod's emptyDir "
         "`gpushare-accounting`: no env can point at a prepared file, no two containers share "
-        "one region's limits, and the node can read it",
+        "one region's limits, and the node can read it; with `shim.initRegions` the region is "
+        "written before the container starts and also mounted at /tmp/cudevshr.cache",
     ),
     Variable(
         "CUDA_REDIRECT",
