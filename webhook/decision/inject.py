@@ -67,10 +67,11 @@ def mount_ops(gpu: GpuContainer, layout: Layout) -> list[Op]:
     """The webhook's mounts, each where the layout puts it; the container's others left."""
     mounts, ours, base = gpu.mounts, gpu.our_mounts, gpu.base
     wanted = layout.mounts
+    whole: Any = layout.all_mounts
     if layout.init_image:
         wanted = (*wanted, layout.fallback(gpu.ask.name))
+        whole = _entries(wanted)
     if mounts is None:
-        whole = layout.all_mounts if len(wanted) == len(layout.mounts) else _entries(wanted)
         return [patch.set_field(gpu.container, "volumeMounts", base, whole)]
     ops: list[Op] = []
     missing: list[Op] = []
@@ -98,7 +99,7 @@ def init_ops(spec: Mapping[str, Any], asks: list[ContainerAsk], layout: Layout) 
     inits = spec.get("initContainers")
     if not inits:
         return [patch.set_field(spec, "initContainers", "/spec", [step])]
-    names = [c.get("name") if isinstance(c, dict) else None for c in inits]
+    names = [c.get("name") for c in inits]  # objects: the checks refused any other
     if names[0] == INIT_STEP:
         return [] if inits[0] == step else [patch.replace("/spec/initContainers/0", step)]
     ops = [patch.remove(f"/spec/initContainers/{i}") for i, n in _named(names) if n == INIT_STEP]
@@ -108,13 +109,6 @@ def init_ops(spec: Mapping[str, Any], asks: list[ContainerAsk], layout: Layout) 
 def _named(names: list[Any]) -> list[tuple[int, Any]]:
     """Index and name, from the last: removals in this order shift no later target."""
     return list(reversed(list(enumerate(names))))
-
-
-def has_init_step(spec: Mapping[str, Any]) -> bool:
-    """Whether the pod's first init container is the webhook's step (of any policy)."""
-    inits = spec.get("initContainers")
-    first = inits[0] if isinstance(inits, list) and inits else None
-    return isinstance(first, dict) and first.get("name") == INIT_STEP
 
 
 def init_step(asks: list[ContainerAsk], layout: Layout) -> dict[str, Any]:

@@ -15,7 +15,6 @@ nothing kept can outlive what it was made from.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from webhook.decision.capacity import (
@@ -84,19 +83,4 @@ class Prepared:
             return self.policy_limits
         return self.remember(
             (limits_over, placement_key(spec)), lambda: limits_over(spec, nodes, self.policy)
-        )
-
-    def without_init_step(self) -> Prepared:
-        """This policy less ``shim.initRegions``: what a pod set up before the step is held to.
-
-        Such a pod lacks only the step and the fallback mounts, and is
-        confined as tightly as before by the rest of the set-up
-        (docs/security.md, "A cleared environment").
-        """
-        shim = replace(self.policy.shim, init_regions=False)
-        return self.remember(
-            (Prepared.without_init_step,),
-            lambda: Prepared(
-                replace(self.policy, shim=shim), self.nodes, self.note, uncounted=self.uncounted
-            ),
         )
