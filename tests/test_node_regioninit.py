@@ -23,15 +23,20 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import unavailable
+from tests.helpers import GPU, apply, container, pod, unavailable
 from tests.regionwriter import REGION, TABLE, Spec, region
 from webhook.cli import main
+from webhook.decision.plan import plan
+from webhook.decision.policy import parse_policy_text
+from webhook.decision.prepared import Prepared
 from webhook.errors import RegionError
 from webhook.node import regioninit, regions
 from webhook.node.regioninit import Limits, fields, initialise, parse_limits, state
 
 MIB = 2**20
 GIB = 2**30
+COMPUTE = "aliyun.com/gpu-core.percentage"
+ON = "shim: {initRegions: true}"
 
 GOOD = {
     "memory": ("main=4096m", Limits("main", 4096)),
@@ -159,6 +164,26 @@ def test_the_command_writes_each_region_once_and_the_first_writer_wins(
     assert regions.read(main_region) == regions.Region(0, ())
     limit_at = REGION["limit"]["offset"]
     assert main_region.read_bytes()[limit_at : limit_at + 8] == (4 * GIB).to_bytes(8, "little")
+
+
+def test_the_step_the_webhook_adds_runs_this_command_with_the_limits_it_pins(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    obj = pod(
+        container(gpu="4") | {"resources": {"limits": {GPU: "4", COMPUTE: "30"}}},
+        container("side", gpu="2"),
+    )
+    stored = apply(obj, list(plan(obj, Prepared(parse_policy_text(ON))).patch))
+    step = stored["spec"]["initContainers"][0]
+    assert step["command"][:3] == ["gpushare-webhook", "node", "init-regions"]
+    assert main([*step["command"][1:], "--dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{tmp_path}/main.cache: written (4096 MiB, SM 30% on every device)",
+        f"{tmp_path}/side.cache: written (2048 MiB, SM 100% on every device)",
+    ]
+    env = {e["name"]: e["value"] for e in stored["spec"]["containers"][0]["env"]}
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "4096m"
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
 
 
 COMMAND_ERRORS = {
