@@ -28,11 +28,11 @@ from webhook.decision.policy import Policy
 from webhook.decision.prepared import Prepared
 
 # The step runs one short Python process (docs/security.md, "A cleared environment":
-# what it was measured to take). No GPU, no CUDA, nothing but its volume.
-INIT_RESOURCES = {
-    "requests": {"cpu": "10m", "memory": "32Mi"},
-    "limits": {"cpu": "500m", "memory": "32Mi"},
-}
+# what it was measured to take). No GPU, no CUDA, nothing but its volume. Requests
+# equal to limits, so a Guaranteed pod stays Guaranteed (its QoS class counts init
+# containers too) and keeps what the CPU manager gives it.
+_INIT_SIZE = {"cpu": "100m", "memory": "32Mi"}
+INIT_RESOURCES = {"requests": dict(_INIT_SIZE), "limits": dict(_INIT_SIZE)}  # no YAML alias
 INIT_SECURITY = {
     "runAsNonRoot": True,
     "runAsUser": 65532,  # the image's own user (Dockerfile)
