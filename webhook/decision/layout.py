@@ -79,7 +79,8 @@ class Layout:
             "mountPath": contract.REGION_FALLBACK,
             "subPath": f"{container}.cache",
         }
-        return Mount(folder(contract.REGION_FALLBACK), shared(entry), _OWN_REGION)
+        path = folder(contract.REGION_FALLBACK)
+        return Mount(path, shared(entry), self.holds[path])
 
     def pin(self, name: str, memory: int, gpus: int, compute: int | None) -> Pinned:
         """The variables pinned in a container (see webhook.decision.contract).
