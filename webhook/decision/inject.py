@@ -33,6 +33,7 @@ from webhook.decision.prepared import Prepared
 # containers too) and keeps what the CPU manager gives it.
 _INIT_SIZE = {"cpu": "100m", "memory": "32Mi"}
 INIT_RESOURCES = {"requests": dict(_INIT_SIZE), "limits": dict(_INIT_SIZE)}  # no YAML alias
+TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 INIT_SECURITY = {
     "runAsNonRoot": True,
     "runAsUser": 65532,  # the image's own user (Dockerfile)
@@ -101,9 +102,24 @@ def init_ops(spec: Mapping[str, Any], asks: list[ContainerAsk], layout: Layout) 
         return [patch.set_field(spec, "initContainers", "/spec", [step])]
     names = [c.get("name") for c in inits]  # objects: the checks refused any other
     if names[0] == INIT_STEP:
-        return [] if inits[0] == step else [patch.replace("/spec/initContainers/0", step)]
+        return (
+            [] if _as_stored(inits[0]) == step else [patch.replace("/spec/initContainers/0", step)]
+        )
     ops = [patch.remove(f"/spec/initContainers/{i}") for i, n in _named(names) if n == INIT_STEP]
     return [*ops, patch.add("/spec/initContainers/0", step)]
+
+
+def _as_stored(found: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The step as the webhook wrote it, if ``found`` is it as the API server stores it.
+
+    The ServiceAccount admission plugin mounts the token in every container
+    (ours too, after the webhook added it); any other change stays, so a
+    step with another mount, variable or argument is replaced.
+    """
+    mounts = found.get("volumeMounts")
+    if type(mounts) is list:
+        mounts = [m for m in mounts if not (type(m) is dict and m.get("mountPath") == TOKEN_PATH)]
+    return {**found, "volumeMounts": mounts}
 
 
 def _named(names: list[Any]) -> list[tuple[int, Any]]:
@@ -121,6 +137,10 @@ def init_step(asks: list[ContainerAsk], layout: Layout) -> dict[str, Any]:
         "name": INIT_STEP,
         "image": layout.init_image,
         "command": ["gpushare-webhook", "node", "init-regions", *regions],
+        # The API server's defaults, set here so the stored step reads as the webhook's.
+        "imagePullPolicy": "IfNotPresent",
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
         "resources": INIT_RESOURCES,
         "securityContext": INIT_SECURITY,
         "volumeMounts": [{"name": ACCOUNTING_VOLUME, "mountPath": contract.REGION_DIR}],
