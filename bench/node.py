@@ -1,11 +1,14 @@
-"""The node agent's footprint: RSS after many scrapes, and CPU for one scrape of 64 regions.
+"""The node side's footprint: the agent's RSS and scrape CPU, and a GPU pod's init step.
 
 64 GPU containers' regions (4 processes each, 1 GPU) planted under a
 temporary pods directory, named through a saved pod list. ``scrape_ms`` is
 the CPU one scrape costs in process (scan, parse, exposition text),
 median of many; ``rss_mib`` is the agent process's resident memory after
 1,000 scrapes over HTTP, next to a bare prometheus_client HTTP server's
-(``rss_baseline_mib``) in the same run.
+(``rss_baseline_mib``) in the same run. ``init_ms`` and ``init_rss_mib`` are
+the init step's (``node init-regions`` writing 8 regions, a pod's worth):
+wall-clock time and peak RSS of the process, median of several, next to
+``python -c pass`` started the same way (``python_ms``, ``python_rss_mib``).
 """
 
 from __future__ import annotations
@@ -80,6 +83,45 @@ def _served_rss(command: list[str], port: int, scrapes: int) -> float:
         process.wait(timeout=10)
 
 
+# Peak RSS is read as VmHWM at exit, in the process: a child's ru_maxrss would
+# count the forking bench's own memory, which the kernel carries across exec.
+_PEAK = (
+    "import sys\n{}\n"
+    "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
+    "print(hwm, file=sys.stderr)\nraise SystemExit(code)"
+)
+_STEP = _PEAK.format("from webhook.cli import main\ncode = main(sys.argv[1:])")
+_BARE = _PEAK.format("code = 0")
+
+
+def _started(code: str, args: list[str]) -> tuple[float, float]:
+    """Wall-clock ms and peak RSS (MiB) of one Python process running ``code``, start to exit."""
+    start = time.perf_counter()
+    ran = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=False
+    )
+    took = (time.perf_counter() - start) * 1000
+    if ran.returncode != 0:
+        raise RuntimeError(f"the init step exited {ran.returncode}: {ran.stderr.strip()}")
+    return took, int(ran.stderr.split()[-1]) / 1024
+
+
+def _init_step(root: Path, rounds: int) -> dict[str, float]:
+    regions = [f"c{i}=4096m,sm=30" for i in range(8)]
+    steps, bare = [], []
+    for n in range(rounds):
+        folder = root / f"accounting-{n}"
+        folder.mkdir()
+        steps.append(_started(_STEP, ["node", "init-regions", "--dir", str(folder), *regions]))
+        bare.append(_started(_BARE, []))
+    return {
+        "init_ms": round(statistics.median(ms for ms, _ in steps), 1),
+        "init_rss_mib": round(statistics.median(rss for _, rss in steps), 1),
+        "python_ms": round(statistics.median(ms for ms, _ in bare), 1),
+        "python_rss_mib": round(statistics.median(rss for _, rss in bare), 1),
+    }
+
+
 def run(quick: bool) -> dict[str, Any]:
     scrapes, timed = (100, 20) if quick else (1000, 200)
     with tempfile.TemporaryDirectory() as tmp:
@@ -118,12 +160,14 @@ def run(quick: bool) -> dict[str, Any]:
             f"start_http_server as s; s({port}, addr='127.0.0.1'); time.sleep(600)",
         ]
         baseline = _served_rss(bare, port, scrapes)
+        init = _init_step(Path(tmp), 3 if quick else 11)
     return {
         "containers": CONTAINERS,
         "scrapes": scrapes,
         "scrape_ms": round(statistics.median(cpu), 2),
         "rss_mib": round(rss, 1),
         "rss_baseline_mib": round(baseline, 1),
+        **init,
     }
 
 
@@ -132,4 +176,8 @@ def report(found: dict[str, Any]) -> None:
         f"node agent: {found['scrape_ms']} ms CPU per scrape of {found['containers']} regions "
         f"(median); RSS {found['rss_mib']} MiB after {found['scrapes']} scrapes "
         f"(a bare prometheus_client server: {found['rss_baseline_mib']} MiB)"
+    )
+    print(
+        f"init step: {found['init_ms']} ms and {found['init_rss_mib']} MiB peak RSS to write 8 "
+        f"regions (python -c pass: {found['python_ms']} ms, {found['python_rss_mib']} MiB)"
     )

@@ -332,7 +332,7 @@ def test_the_webhook_runs_critical_with_a_quota_that_admits_it(overlay: str) -> 
 
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 def test_the_image_is_set_in_one_place(overlay: str) -> None:
-    """Every container runs the image of base/kustomization.yaml's ``images:``, and only it."""
+    """Every container, and the policy's init step, runs the image of base/kustomization.yaml."""
     kustomization = yaml.safe_load((ROOT / "manifests/base/kustomization.yaml").read_text())
     (image,) = kustomization["images"]
     expected = f"{image['newName']}:{image['newTag']}"
@@ -343,6 +343,9 @@ def test_the_image_is_set_in_one_place(overlay: str) -> None:
             spec = spec["jobTemplate"]["spec"]
         for c in spec.get("template", {}).get("spec", {}).get("containers", []):
             images.add(c["image"])
+        if doc["kind"] == "ConfigMap" and "policy.yaml" in doc.get("data", {}):
+            # The GPU pods' init step (shim.initImage) runs it too.
+            images.add(yaml.safe_load(doc["data"]["policy.yaml"])["shim"]["initImage"])
     assert images == {expected}
 
 

@@ -30,6 +30,8 @@ def test_defaults_match_the_documented_ones() -> None:
         "mountPath": "/usr/local/vgpu",
         "library": "libvgpu.so",
         "ldSoPreload": False,
+        "initRegions": False,
+        "initImage": "gpushare-webhook:0.1.0",
         "overrideFile": "/overrideEnv",
         "requireNodeLabel": False,
     }

@@ -230,6 +230,21 @@ def test_a_pod_set_up_before_the_shim_moved_has_drifted_not_been_refused() -> No
     assert judge_pod(stored, Prepared(DEFAULT_POLICY)).status == "would-be-refused"  # type: ignore[union-attr]
 
 
+def test_a_pod_set_up_before_the_init_step_is_confined_and_one_half_set_up_has_drifted() -> None:
+    """The step and the fallback mounts are newer parts: their absence alone is no drift."""
+    now = Prepared(parse_policy_text("shim: {initRegions: true}"))
+    before = _stored(pod(container(gpu="4")), DEFAULT_POLICY)
+    assert judge_pod(before, now).status == "confined"  # type: ignore[union-attr]
+    after = _stored(pod(container(gpu="4")), now.policy)
+    assert judge_pod(after, now).status == "confined"  # type: ignore[union-attr]
+    assert after["spec"]["initContainers"][0]["name"] == "gpushare-regions"
+    del after["spec"]["containers"][0]["volumeMounts"][-1]  # the step, but no fallback mount
+    half = judge_pod(after, now)
+    assert half is not None
+    assert half.status == "drifted"
+    assert any("/tmp/cudevshr.cache" in finding for finding in half.findings), half.findings
+
+
 def test_what_a_report_leaves_out_and_what_it_says_so() -> None:
     running = pod(container(gpu="4"))
     finished = pod(container(gpu="4")) | {"status": {"phase": "Succeeded"}}

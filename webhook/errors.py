@@ -12,6 +12,7 @@ The hierarchy::
     ├── CertificateError         a certificate or key is missing, expired or mismatched
     ├── KubeError                the Kubernetes API refused a call or cannot be reached
     ├── ShimError                the shim library to install is missing or not one the node loads
+    ├── RegionError              a container's accounting region cannot be written as asked
     └── SnapshotError            the node watch's snapshot file is not one it wrote
 
 Messages are written for the person who will read them in ``kubectl`` output
@@ -81,6 +82,10 @@ class KubeError(WebhookError):
 
 class ShimError(WebhookError):
     """The node agent cannot install the shim: the source is missing, not an ELF, another arch."""
+
+
+class RegionError(WebhookError):
+    """The init step cannot write a region: bad limits, another version, a file it cannot open."""
 
 
 class SnapshotError(WebhookError):

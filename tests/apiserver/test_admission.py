@@ -116,13 +116,20 @@ def test_a_non_root_pod_on_a_read_only_root_gets_its_accounting_volume(cluster: 
     (volume,) = [v for v in stored["spec"]["volumes"] if v["name"] == "gpushare-accounting"]
     assert volume == {"name": "gpushare-accounting", "emptyDir": {"sizeLimit": "32Mi"}}
     spec = stored["spec"]
-    for found in (spec["containers"][0], spec["initContainers"][0]):
+    step, warmup = spec["initContainers"]  # the shipped policy's init step first
+    assert step["name"] == "gpushare-regions"
+    assert step["command"][3:] == ["warmup=2048m", "main=4096m"]
+    assert {"name": "gpushare-accounting", "mountPath": "/var/run/gpushare"} in step["volumeMounts"]
+    mount = {"name": "gpushare-accounting", "mountPath": "/tmp/cudevshr.cache"}
+    assert {**mount, "subPath": "warmup.cache"} in warmup["volumeMounts"]
+    assert {**mount, "subPath": "main.cache"} in spec["containers"][0]["volumeMounts"]
+    for found in (spec["containers"][0], warmup):
         mount = {"name": "gpushare-accounting", "mountPath": "/var/run/gpushare"}
         assert mount in found["volumeMounts"]
         env = env_of(found)
         assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == f"/var/run/gpushare/{found['name']}.cache"
         assert env["LD_PRELOAD"] == SHIM
-    assert env_of(spec["initContainers"][0])["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"
+    assert env_of(warmup)["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"
 
 
 def test_a_pod_too_big_for_any_gpu_is_refused_with_our_message(cluster: Installed) -> None:

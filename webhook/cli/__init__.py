@@ -24,6 +24,8 @@ __all__ = ["build_parser", "kubectl_plugin", "main"]
 # metrics process (node metrics) then holds its own modules only, about 4 MiB less
 # than all of the CLI's (bench/run.py --node).
 METRICS = ["node", "metrics"]
+# The init step of every GPU pod: its memory is the pod's, so it imports least of all.
+INIT_REGIONS = ["node", "init-regions"]
 
 
 def kubectl_plugin() -> int:
@@ -40,6 +42,14 @@ def _parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
         node_metrics.add_arguments(parser)
         args = parser.parse_args(given[2:])
         args.command, args.node_run = "node", node_metrics.cmd_node_metrics
+        return args
+    if given[:2] == INIT_REGIONS and not {"-h", "--help"} & set(given):
+        from webhook.cli import node_regions
+
+        parser = OneLineParser(prog=f"{prog} node init-regions")
+        node_regions.add_arguments(parser)
+        args = parser.parse_args(given[2:])
+        args.command, args.node_run = "node", node_regions.cmd_init_regions
         return args
     return build_parser(prog).parse_args(given)
 

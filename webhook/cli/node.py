@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from webhook.cli import node_metrics
+from webhook.cli import node_metrics, node_regions
 from webhook.cli.args import EXIT_OK, positive_seconds
 from webhook.decision.affinity import SHIM_LABEL
 from webhook.decision.policy import DEFAULT_POLICY, Policy
@@ -136,6 +136,12 @@ ACTIONS = (
         "serve each GPU container's use of its GPU against its limit, for Prometheus",
         node_metrics.add_arguments,
         node_metrics.cmd_node_metrics,
+    ),
+    Action(
+        "init-regions",
+        "write each GPU container's accounting region before the pod starts (its init step)",
+        node_regions.add_arguments,
+        node_regions.cmd_init_regions,
     ),
 )
 

@@ -60,7 +60,8 @@ VARIABLES = (
         "limits of the process that creates it hold for every process that opens it later",
         "pinned to /var/run/gpushare/<container>.cache, in the pod's emptyDir "
         "`gpushare-accounting`: no env can point at a prepared file, no two containers share "
-        "one region's limits, and the node can read it",
+        "one region's limits, and the node can read it; with `shim.initRegions` the region is "
+        "written before the container starts and also mounted at /tmp/cudevshr.cache",
     ),
     Variable(
         "CUDA_REDIRECT",
@@ -109,6 +110,9 @@ REGION_DIR = "/var/run/gpushare"
 # The shim maps sizeof(shared_region_t) bytes, 2,008,952 at this commit (x86-64),
 # plus one byte it writes past them; a region is a sparse file, so far less is used.
 REGION_BYTES = 2_008_953
+# Where the shim opens its region when CUDA_DEVICE_MEMORY_SHARED_CACHE is unset
+# (try_create_shrreg): with shim.initRegions, each GPU container's own region.
+REGION_FALLBACK = "/tmp/cudevshr.cache"
 
 
 def region_path(container: str) -> str:

@@ -17,15 +17,32 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from webhook.decision import jsontext, patch
+from webhook.decision import contract, jsontext, patch
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.checks import GpuContainer
 from webhook.decision.fields import STATUS_ANNOTATION
 from webhook.decision.jsontext import Shared, shared
-from webhook.decision.layout import PRELOAD, Layout
+from webhook.decision.layout import ACCOUNTING_VOLUME, INIT_STEP, PRELOAD, Layout, Mount
 from webhook.decision.patch import Op
 from webhook.decision.policy import Policy
 from webhook.decision.prepared import Prepared
+
+# The step runs one short Python process (docs/security.md, "A cleared environment":
+# what it was measured to take). No GPU, no CUDA, nothing but its volume. Requests
+# equal to limits, so a Guaranteed pod stays Guaranteed (its QoS class counts init
+# containers too) and keeps what the CPU manager gives it.
+_INIT_SIZE = {"cpu": "100m", "memory": "32Mi"}
+INIT_RESOURCES = {"requests": dict(_INIT_SIZE), "limits": dict(_INIT_SIZE)}  # no YAML alias
+TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+INIT_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 65532,  # the image's own user (Dockerfile)
+    "runAsGroup": 65532,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def scheduler_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
@@ -50,16 +67,84 @@ def volume_ops(spec: Mapping[str, Any], layout: Layout) -> list[Op]:
 def mount_ops(gpu: GpuContainer, layout: Layout) -> list[Op]:
     """The webhook's mounts, each where the layout puts it; the container's others left."""
     mounts, ours, base = gpu.mounts, gpu.our_mounts, gpu.base
+    wanted = layout.mounts
+    whole: Any = layout.all_mounts
+    if layout.init_image:
+        wanted = (*wanted, layout.fallback(gpu.ask.name))
+        whole = _entries(wanted)
     if mounts is None:
-        return [patch.set_field(gpu.container, "volumeMounts", base, layout.all_mounts)]
+        return [patch.set_field(gpu.container, "volumeMounts", base, whole)]
     ops: list[Op] = []
     missing: list[Op] = []
-    for path, entry, _ in layout.mounts:
+    for path, entry, _ in wanted:
         if path not in ours:
             missing.append(patch.add(f"{base}/volumeMounts/-", entry))
         elif mounts[ours[path]] != entry.value:
             ops.append(patch.replace(f"{base}/volumeMounts/{ours[path]}", entry))
     return ops + missing
+
+
+def _entries(mounts: tuple[Mount, ...]) -> list[Any]:
+    return [mount.entry.value for mount in mounts]
+
+
+def init_ops(spec: Mapping[str, Any], asks: list[ContainerAsk], layout: Layout) -> list[Op]:
+    """The init step, first of the init containers; after every other op, which it would shift.
+
+    A container of its name elsewhere (an older step, or one the pod brought)
+    is removed: only the webhook's step may write the regions first.
+    """
+    if not layout.init_image:
+        return []
+    step = init_step(asks, layout)
+    inits = spec.get("initContainers")
+    if not inits:
+        return [patch.set_field(spec, "initContainers", "/spec", [step])]
+    names = [c.get("name") for c in inits]  # objects: the checks refused any other
+    if names[0] == INIT_STEP:
+        return (
+            [] if _as_stored(inits[0]) == step else [patch.replace("/spec/initContainers/0", step)]
+        )
+    ops = [patch.remove(f"/spec/initContainers/{i}") for i, n in _named(names) if n == INIT_STEP]
+    return [*ops, patch.add("/spec/initContainers/0", step)]
+
+
+def _as_stored(found: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The step as the webhook wrote it, if ``found`` is it as the API server stores it.
+
+    The ServiceAccount admission plugin mounts the token in every container
+    (ours too, after the webhook added it); any other change stays, so a
+    step with another mount, variable or argument is replaced.
+    """
+    mounts = found.get("volumeMounts")
+    if type(mounts) is list:
+        mounts = [m for m in mounts if not (type(m) is dict and m.get("mountPath") == TOKEN_PATH)]
+    return {**found, "volumeMounts": mounts}
+
+
+def _named(names: list[Any]) -> list[tuple[int, Any]]:
+    """Index and name, from the last: removals in this order shift no later target."""
+    return list(reversed(list(enumerate(names))))
+
+
+def init_step(asks: list[ContainerAsk], layout: Layout) -> dict[str, Any]:
+    """The init container: ``node init-regions`` with each GPU container's pinned limits."""
+    regions = []
+    for ask in asks:
+        share = "" if ask.compute is None else f",sm={ask.compute}"
+        regions.append(f"{ask.name}={ask.memory * layout.mib_per_unit}m{share}")
+    return {
+        "name": INIT_STEP,
+        "image": layout.init_image,
+        "command": ["gpushare-webhook", "node", "init-regions", *regions],
+        # The API server's defaults, set here so the stored step reads as the webhook's.
+        "imagePullPolicy": "IfNotPresent",
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+        "resources": INIT_RESOURCES,
+        "securityContext": INIT_SECURITY,
+        "volumeMounts": [{"name": ACCOUNTING_VOLUME, "mountPath": contract.REGION_DIR}],
+    }
 
 
 def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[Op]:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import Field, dataclass, fields
 from dataclasses import field as dataclass_field
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Literal, TypeVar, cast
 
 import yaml
 
@@ -23,6 +23,9 @@ from webhook.errors import PolicyError
 
 S = TypeVar("S")
 DNS_LABELS = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+# An image reference: [registry[:port]/]path[:tag][@sha256:digest], lower-case path.
+IMAGE = re.compile(r"[a-z0-9][A-Za-z0-9._:/-]{0,254}[A-Za-z0-9_](@sha256:[0-9a-f]{64})?")
+ComputeDefault = Literal["none", "proportional"] | int
 
 
 class Check:
@@ -170,6 +173,27 @@ class Choice(Check):
 
     def schema(self) -> dict[str, Any]:
         return {"enum": list(self.allowed)}
+
+
+@dataclass(frozen=True)
+class ComputeDefaultCheck(Check):
+    def __call__(self, key: str, value: Any) -> ComputeDefault:
+        if value in ("none", "proportional"):
+            return cast(ComputeDefault, value)
+        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 100:
+            return value
+        raise PolicyError(
+            f"policy key {key!r}: {value!r} is not allowed; use none, proportional, "
+            "or a whole percentage from 1 to 100"
+        )
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "anyOf": [
+                {"enum": ["none", "proportional"]},
+                {"type": "integer", "minimum": 1, "maximum": 100},
+            ]
+        }
 
 
 NAMESPACE = String(DNS_LABELS, "a namespace name")

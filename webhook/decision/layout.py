@@ -33,6 +33,9 @@ ACCOUNTING_VOLUME = "gpushare-accounting"
 # the kubelet evicts the pod, and sparse regions never come near it.
 ACCOUNTING_SIZE = "32Mi"
 PRELOAD = "LD_PRELOAD"
+# The init step that writes each GPU container's region (shim.initRegions), first
+# of the pod's init containers so it runs before any GPU container, init ones too.
+INIT_STEP = "gpushare-regions"
 
 
 class Pinned(NamedTuple):
@@ -67,6 +70,17 @@ class Layout:
     sm_limit: str
     shadow: re.Pattern[str]  # per-device variants of the limits (CUDA_DEVICE_MEMORY_LIMIT_3)
     mib_per_unit: int
+    init_image: str  # the init step's image; empty: no init step, no fallback mount
+
+    def fallback(self, container: str) -> Mount:
+        """The container's own region at the path the shim opens without its variable."""
+        entry = {
+            "name": ACCOUNTING_VOLUME,
+            "mountPath": contract.REGION_FALLBACK,
+            "subPath": f"{container}.cache",
+        }
+        path = folder(contract.REGION_FALLBACK)
+        return Mount(path, shared(entry), self.holds[path])
 
     def pin(self, name: str, memory: int, gpus: int, compute: int | None) -> Pinned:
         """The variables pinned in a container (see webhook.decision.contract).
@@ -107,6 +121,9 @@ _ACCOUNTING = Mount(
 )
 
 
+_OWN_REGION = "the container's own accounting region"
+
+
 def layout_of(policy: Policy) -> Layout:
     """The layout of ``policy``: made once, when the policy is prepared."""
     shim, env = policy.shim, policy.env
@@ -129,6 +146,11 @@ def layout_of(policy: Policy) -> Layout:
     volumes.append({"name": ACCOUNTING_VOLUME, "emptyDir": {"sizeLimit": ACCOUNTING_SIZE}})
     mounts.append(_ACCOUNTING)
     names = f"{re.escape(env.memory_limit)}|{re.escape(env.sm_limit)}"
+    placed = {(str(m.entry.value["name"]), m.path) for m in mounts}
+    holds = {m.path: m.holds for m in mounts}
+    if shim.init_regions:
+        placed.add((ACCOUNTING_VOLUME, folder(contract.REGION_FALLBACK)))
+        holds[folder(contract.REGION_FALLBACK)] = _OWN_REGION
     return Layout(
         preload=shim.preload,
         volumes=tuple(map(shared, volumes)),
@@ -138,10 +160,11 @@ def layout_of(policy: Policy) -> Layout:
         region_dir=_ACCOUNTING.path,
         mounts=tuple(mounts),
         all_mounts=shared([mount.entry.value for mount in mounts]),
-        placed=frozenset((str(m.entry.value["name"]), m.path) for m in mounts),
-        holds={m.path: m.holds for m in mounts},
+        placed=frozenset(placed),
+        holds=holds,
         memory_limit=env.memory_limit,
         sm_limit=env.sm_limit,
         shadow=re.compile(rf"({names})_\d+"),
         mib_per_unit=policy.mib_per_unit,
+        init_image=shim.init_image if shim.init_regions else "",
     )

@@ -237,6 +237,7 @@ def _plan(
     for gpu in seen:
         ops += inject.env_ops(gpu, prepared, warnings)
         ops += inject.mount_ops(gpu, shape)
+    ops += inject.init_ops(spec, asks, shape)  # last of the spec's: it shifts initContainers
     ops += inject.annotation_ops(metadata, asks, prepared, demand)
     done = Decision(
         outcome="mutated" if ops else "unchanged",

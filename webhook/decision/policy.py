@@ -18,14 +18,16 @@ from typing import Any, Literal, cast
 
 import yaml
 
-from webhook.decision.contract import REGION_DIR
+from webhook.decision.contract import REGION_DIR, REGION_FALLBACK
 from webhook.decision.keys import (
     DNS_LABELS,
+    IMAGE,
     NAMESPACE,
     AbsolutePath,
     Boolean,
-    Check,
     Choice,
+    ComputeDefault,
+    ComputeDefaultCheck,
     FileName,
     Folder,
     Named,
@@ -44,7 +46,6 @@ from webhook.errors import PolicyError
 
 MemoryUnit = Literal["GiB", "MiB"]
 Enforcement = Literal["enforce", "warn"]
-ComputeDefault = Literal["none", "proportional"] | int
 MultiGpuMemory = Literal["total", "perDevice"]
 SchedulerKind = Literal["gpushare-extender", "ack"]
 
@@ -54,27 +55,6 @@ _RESOURCE = re.compile(
     r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 )
 LD_SO_PRELOAD = "/etc/ld.so.preload"
-
-
-@dataclass(frozen=True)
-class ComputeDefaultCheck(Check):
-    def __call__(self, key: str, value: Any) -> ComputeDefault:
-        if value in ("none", "proportional"):
-            return cast(ComputeDefault, value)
-        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 100:
-            return value
-        raise PolicyError(
-            f"policy key {key!r}: {value!r} is not allowed; use none, proportional, "
-            "or a whole percentage from 1 to 100"
-        )
-
-    def schema(self) -> dict[str, Any]:
-        return {
-            "anyOf": [
-                {"enum": ["none", "proportional"]},
-                {"type": "integer", "minimum": 1, "maximum": 100},
-            ]
-        }
 
 
 @dataclass(frozen=True)
@@ -94,6 +74,20 @@ class Shim:
     # shim it loads then reads no limit (docs/security.md, "A cleared environment").
     ld_so_preload: bool = setting(
         "ldSoPreload", False, Boolean(), "also mount <hostPath>/ld.so.preload at /etc/ld.so.preload"
+    )
+    # Off unless set: the step runs initImage on every GPU node, which a policy
+    # written without the install cannot name (docs/policy.md, "The init step").
+    init_regions: bool = setting(
+        "initRegions",
+        False,
+        Boolean(),
+        "init each GPU container's region first; mount it at " + REGION_FALLBACK,
+    )
+    init_image: str = setting(
+        "initImage",
+        "gpushare-webhook:0.1.0",
+        String(IMAGE, "an image"),
+        "that init step's image: this one's",
     )
     # HAMi-core sets every KEY=VALUE line of this file over the pod's env.
     override_file: str = setting(

@@ -35,6 +35,7 @@ import jsonpatch
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.capacity import gpu_node
 from webhook.decision.fields import STATUS_ANNOTATION, container_label
+from webhook.decision.layout import INIT_STEP
 from webhook.decision.nodesource import facts_of
 from webhook.decision.plan import Decision, is_gpu_pod, plan
 from webhook.decision.policy import Policy
@@ -219,6 +220,8 @@ def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
     # NB: the scheduler's binding sets nodeName on every placed pod; as created,
     # it had none (a pod created with one is judged as if it had not).
     created = {**pod, "spec": {k: v for k, v in spec.items() if k != "nodeName"}}
+    if policy.shim.init_regions and not _has_init_step(spec):
+        prepared = _without_init_step(prepared)  # set up before the step: held to the rest
     decision = plan(created, prepared, namespace=namespace, limits=prepared.limits(spec))
     if decision.outcome == "untouched":
         return None
@@ -239,6 +242,30 @@ def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
     cause = OTHER_POLICY if STATUS_ANNOTATION in annotations else NOT_CALLED
     found = _differences(created, decision, policy)
     return PodFinding(namespace, name, node, "drifted", memory, unlimited, found, cause)
+
+
+def _has_init_step(spec: Mapping[str, Any]) -> bool:
+    inits = spec.get("initContainers")
+    first = inits[0] if isinstance(inits, list) and inits else None
+    return isinstance(first, dict) and first.get("name") == INIT_STEP
+
+
+def _without_init_step(prepared: Prepared) -> Prepared:
+    """The policy less ``shim.initRegions``, for a pod set up before the step.
+
+    It lacks only the step and the fallback mounts, and is confined as
+    tightly as before by the rest (docs/security.md, "A cleared environment").
+    """
+    policy = prepared.policy
+    return prepared.remember(
+        (_without_init_step,),
+        lambda: Prepared(
+            dataclasses.replace(policy, shim=dataclasses.replace(policy.shim, init_regions=False)),
+            prepared.nodes,
+            prepared.note,
+            uncounted=prepared.uncounted,
+        ),
+    )
 
 
 def _held(
