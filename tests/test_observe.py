@@ -119,7 +119,7 @@ def test_tallied_durations_land_in_the_buckets_observe_would_use() -> None:
     metrics = Metrics(source, nodes)
     result = admit(json.dumps(review(pod(container(gpu="1")))).encode(), Prepared(DEFAULT_POLICY))
     for seconds in durations:
-        metrics.observe(result, seconds, fallback=False, policy=DEFAULT_POLICY)
+        metrics.observe(result, seconds, fallback=False)
     values = scrape(create_app(State(policy=source, nodes=nodes, metrics=metrics)).test_client())
     name = "gpushare_admission_duration_seconds"
     got = {le: values[f'{name}_bucket{{le="{le}"}}'] for le in expected}
@@ -133,7 +133,7 @@ def test_tallied_reviews_reach_the_counters_without_a_scrape() -> None:
     source, nodes = PolicySource(), NoNodes()
     metrics = Metrics(source, nodes)
     result = admit(json.dumps(review(pod(container(gpu="2")))).encode(), Prepared(DEFAULT_POLICY))
-    metrics.observe(result, 0.001, fallback=False, policy=DEFAULT_POLICY)
+    metrics.observe(result, 0.001, fallback=False)
     deadline = time.monotonic() + 5 * FLUSH_INTERVAL
     while metrics.memory.labels("team-a")._value.get() == 0 and time.monotonic() < deadline:
         time.sleep(0.05)

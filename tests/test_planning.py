@@ -339,7 +339,7 @@ def test_shape_errors_are_400_and_name_the_field() -> None:
 
 def test_demand_is_what_the_scheduler_reserves() -> None:
     apps = (container("a", gpu="4"), container("b", gpu="6"))
-    assert decide(pod(*apps, init=[container("i", gpu="8")])).demand == 10
+    assert decide(pod(*apps, init=[container("i", gpu="8")])).gpu_pod.held_per_gpu == 10
     assert decide(pod(container("a", gpu="16"))).allowed
     assert not decide(pod(container("a", gpu="16"), container("b", gpu="1"))).allowed
     # The extender reserves the app containers' sum: an init container above it is refused.
@@ -347,7 +347,7 @@ def test_demand_is_what_the_scheduler_reserves() -> None:
     assert decide(bigger_init).reason == "init-exceeds-reservation"
     # ACK's scheduler counts like kube-scheduler: the larger of the sum and the largest init.
     ack = parse_policy({"scheduler": "ack"})
-    assert plan(bigger_init, Prepared(ack), namespace="team-a").demand == 12
+    assert plan(bigger_init, Prepared(ack), namespace="team-a").gpu_pod.held_per_gpu == 12
 
 
 def test_excluded_namespace_is_untouched() -> None:

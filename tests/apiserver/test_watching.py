@@ -144,7 +144,11 @@ def test_one_json_log_line_per_admission(cluster: Cluster) -> None:
     assert line["message"] == "admission"
     assert line["level"] == "info"
     assert (line["uid"], line["namespace"], line["pod"]) == ("log-line-uid", "team-a", "train-")
-    assert (line["decision"], line["reason"], line["gpu_memory"]) == ("mutated", "mutated", 2)
+    assert (line["decision"], line["reason"], line["gpu_memory_per_gpu"]) == (
+        "mutated",
+        "mutated",
+        2,
+    )
     assert isinstance(line["duration_ms"], float)
     assert "spec" not in json.dumps(line)  # never the pod itself
     # gunicorn's own lines come out as JSON too.

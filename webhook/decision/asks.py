@@ -32,7 +32,7 @@ class ContainerAsk(NamedTuple):
     kind: str  # "containers" or "initContainers"
     position: int  # in spec.<kind>
     name: str
-    memory: int  # GPU memory per device, in the policy's unit
+    memory_per_gpu: int  # GPU memory on each of its GPUs, in the policy's unit
     gpus: int
     compute: int | None  # SM percentage to enforce, None for no limit
     compute_asked: bool = False  # the container asked it (else: the policy's default, or none)

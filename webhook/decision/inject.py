@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from webhook.decision import jsontext, patch
-from webhook.decision.asks import ContainerAsk
 from webhook.decision.checks import GpuContainer
 from webhook.decision.fields import STATUS_ANNOTATION
 from webhook.decision.jsontext import Shared, shared
 from webhook.decision.layout import PRELOAD, Layout
+from webhook.decision.model import GpuPod
 from webhook.decision.patch import Op
 from webhook.decision.policy import Policy
 from webhook.decision.prepared import Prepared
@@ -73,7 +73,7 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
     target; appends last.
     """
     ask, env, base, layout = gpu.ask, gpu.env, gpu.base, prepared.layout
-    key = (ask.name, ask.memory, ask.gpus, ask.compute)
+    key = (ask.name, ask.memory_per_gpu, ask.gpus, ask.compute)
     pinned = prepared.remember((Layout.pin, *key), lambda: layout.pin(*key))
     if env is None:
         return [patch.set_field(gpu.container, "env", base, pinned.env)]
@@ -173,16 +173,11 @@ def _preloaded(user_value: str, shim: str) -> str:
     return ":".join([shim, *others])
 
 
-def annotation_ops(
-    metadata: Mapping[str, Any], asks: list[ContainerAsk], prepared: Prepared, demand: int
-) -> list[Op]:
+def annotation_ops(metadata: Mapping[str, Any], pod: GpuPod, prepared: Prepared) -> list[Op]:
     """The status annotation: what the webhook set, for people and for ``report``-like tools."""
     # NB: the pods of one workload ask alike, so their status reads alike:
     # its JSON costs more than all the rest of the pod's annotation ops.
-    key = tuple(asks)
-    value = prepared.remember(
-        (_status_text, key, demand), lambda: _status_text(key, demand, prepared.policy)
-    )
+    value = prepared.remember((_status_text, pod), lambda: _status_text(pod, prepared.policy))
     annotations = metadata.get("annotations")
     if annotations is None:
         ours = {STATUS_ANNOTATION: value}
@@ -194,12 +189,12 @@ def annotation_ops(
     return [patch.set_field(annotations, STATUS_ANNOTATION, "/metadata/annotations", value)]
 
 
-def _status_text(asks: tuple[ContainerAsk, ...], demand: int, policy: Policy) -> str:
+def _status_text(pod: GpuPod, policy: Policy) -> str:
     """The annotation's value: a string of JSON, its keys sorted."""
     mib_per_unit = policy.mib_per_unit
     containers: dict[str, dict[str, Any]] = {}
-    for ask in asks:
-        entry: dict[str, Any] = {"memory": f"{ask.memory * mib_per_unit}m"}
+    for ask in pod.asks:
+        entry: dict[str, Any] = {"memory": f"{ask.memory_per_gpu * mib_per_unit}m"}
         if ask.gpus > 1:
             entry["gpus"] = ask.gpus
         if ask.compute is not None:
@@ -208,7 +203,7 @@ def _status_text(asks: tuple[ContainerAsk, ...], demand: int, policy: Policy) ->
     record = {
         "scheduler": policy.scheduler_name,
         "shim": policy.shim.preload,
-        "demand": f"{demand}{policy.memory_unit}",
+        "demand": f"{pod.held_per_gpu}{policy.memory_unit}",
         "containers": containers,
     }
     return jsontext.sorted_compact(record)

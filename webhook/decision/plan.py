@@ -15,10 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from webhook.decision import affinity, checks, fit, inject
+from webhook.decision import affinity, checks, fit, inject, model
 from webhook.decision.asks import ContainerAsk, collect_asks
 from webhook.decision.capacity import GpuLimits
 from webhook.decision.fields import CONTAINER_KINDS, STATUS_ANNOTATION, each_container, mapping
+from webhook.decision.model import NO_GPU_POD, GpuPod
 from webhook.decision.patch import Op, plain
 from webhook.decision.policy import Policy
 from webhook.decision.prepared import Prepared
@@ -64,8 +65,7 @@ class Decision:
     code: int = 200
     ops: tuple[Op, ...] = ()  # the JSON Patch, as data (encoded by responses.patched)
     warnings: tuple[str, ...] = ()
-    demand: int = 0  # GPU memory the pod holds on its GPU, in the policy's unit
-    asks: tuple[ContainerAsk, ...] = ()
+    gpu_pod: GpuPod = NO_GPU_POD  # what it asks, and what its scheduler holds for it
     problems: tuple[Problem, ...] = ()  # every reason it is (or, warned, would be) refused
 
     @property
@@ -76,6 +76,11 @@ class Decision:
     def reasons(self) -> tuple[Reason, ...]:
         """The reason of every problem, each once, in order (empty unless refused or warned)."""
         return tuple(dict.fromkeys(problem.reason for problem in self.problems))
+
+    @property
+    def asks(self) -> tuple[ContainerAsk, ...]:
+        """The asks of its GPU containers (none unless it was set up, or is to be)."""
+        return self.gpu_pod.asks
 
     @property
     def patch(self) -> tuple[dict[str, Any], ...]:
@@ -220,7 +225,8 @@ def _plan(
         found.append(error)
         labels = {}
     asks = collect_asks(spec, policy, limits, labels, found)
-    demand = fit.check_fit(asks, policy, limits, found)
+    gpu_pod = model.gpu_pod(asks, policy)
+    fit.check_fit(gpu_pod, policy, limits, found)
     checks.check_volumes(spec, policy, shape, found)
     seen = [checks.check_gpu_container(spec, ask, shape, found) for ask in asks]
     checks.check_annotations(metadata, found)
@@ -237,14 +243,13 @@ def _plan(
     for gpu in seen:
         ops += inject.env_ops(gpu, prepared, warnings)
         ops += inject.mount_ops(gpu, shape)
-    ops += inject.annotation_ops(metadata, asks, prepared, demand)
+    ops += inject.annotation_ops(metadata, gpu_pod, prepared)
     done = Decision(
         outcome="mutated" if ops else "unchanged",
         reason=Reason.MUTATED if ops else Reason.UNCHANGED,
         ops=tuple(ops),
         warnings=tuple(warnings),
-        demand=demand,
-        asks=tuple(asks),
+        gpu_pod=gpu_pod,
     )
     return _warned(found, done) if found else done
 

@@ -41,8 +41,6 @@ from prometheus_client.registry import Collector
 from webhook.decision.admission import Result
 from webhook.decision.capacity import GpuNode
 from webhook.decision.nodesource import NodeSource
-from webhook.decision.policy import Policy
-from webhook.decision.quantities import UNIT_MIB
 from webhook.serving.runtime import METRICS_ENV, PolicySource
 
 log = logging.getLogger("gpushare_webhook.metrics")
@@ -52,21 +50,9 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5,
 FLUSH_INTERVAL = 1.0  # seconds a review may wait in a worker's tally
 
 
-def bytes_per_unit(policy: Policy) -> int:
-    return UNIT_MIB[policy.memory_unit] * 2**20
-
-
-def reserved(result: Result) -> int:
-    """GPU memory the pod reserves, in the policy's unit, over all of its GPUs."""
-    if result.decision is None:
-        return 0
-    app = init = 0
-    for ask in result.decision.asks:
-        if ask.kind == "containers":
-            app += ask.memory * ask.gpus
-        else:
-            init = max(init, ask.memory * ask.gpus)
-    return max(app, init)
+def reserved_bytes(result: Result) -> int:
+    """GPU memory the scheduler holds for the pod over all of its GPUs (its model's), in bytes."""
+    return 0 if result.decision is None else result.decision.gpu_pod.held_per_pod_bytes
 
 
 @dataclass
@@ -143,11 +129,11 @@ class Metrics:
         self._lock = threading.Lock()
         self._flusher_pid = 0
 
-    def observe(self, result: Result, seconds: float, *, fallback: bool, policy: Policy) -> None:
+    def observe(self, result: Result, seconds: float, *, fallback: bool) -> None:
         outcome, reason = result.outcome, result.reason.value
         # A warned pod is admitted too; it counts as a GPU pod if any of it asks GPU memory.
         admitted = outcome in ("mutated", "unchanged", "warned") and not result.dry_run
-        memory = reserved(result) * bytes_per_unit(policy) if admitted else 0
+        memory = reserved_bytes(result) if admitted else 0
         if self._flusher_pid != os.getpid():
             self._start_flushing()
         with self._lock:
@@ -269,7 +255,7 @@ class LiveState(Collector):
         yield _gauge(
             "gpushare_largest_gpu_memory_bytes",
             "Memory of the largest single GPU pods are checked against",
-            largest * bytes_per_unit(policy),
+            largest * policy.mib_per_unit * 2**20,
         )
         yield _gauge(
             "gpushare_gpu_sizes_from_policy",
