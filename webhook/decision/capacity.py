@@ -17,8 +17,7 @@ from typing import Any
 
 from webhook.decision.affinity import SHIM_LABEL
 from webhook.decision.policy import Policy
-from webhook.decision.quantities import parse_quantity
-from webhook.errors import QuantityError
+from webhook.decision.quantities import go_value
 
 
 @dataclass(frozen=True)
@@ -80,14 +79,8 @@ def uncounted(facts: Sequence[NodeFacts], policy: Policy) -> tuple[str, ...]:
 
 
 def _whole(raw: str | None) -> int:
-    """A capacity as a whole number; 0 for missing or malformed (never trusted as a size)."""
-    if raw is None:
-        return 0
-    try:
-        value = parse_quantity(raw).value
-    except QuantityError:
-        return 0
-    return max(int(value), 0)
+    """A capacity as the scheduler reads it; 0 for missing, malformed or negative."""
+    return max(go_value(raw), 0)
 
 
 @dataclass(frozen=True)

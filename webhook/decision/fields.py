@@ -24,6 +24,26 @@ EMPTY: Mapping[str, Any] = {}  # never handed out to be changed
 _KIND_WORDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
 
 
+def asks_resource(
+    container: object, names: tuple[str, ...], sections: tuple[str, ...] = ("limits", "requests")
+) -> bool:
+    """Whether the container names one of ``names`` in its resources (in ``sections`` of them).
+
+    The one answer to "does this container ask for X": the pod's selection
+    (``plan.is_gpu_pod``), the rules and ``report`` all ask it here.
+    """
+    resources = container.get("resources") if isinstance(container, dict) else None
+    if not isinstance(resources, dict):
+        return False
+    for section in sections:
+        values = resources.get(section)
+        if isinstance(values, dict):
+            for name in names:
+                if name in values:
+                    return True
+    return False
+
+
 def container_label(kind: str, name: object) -> str:
     """How messages name a container: "container 'main'" or "init container 'fetch'"."""
     return f"{_KIND_WORDS.get(kind, 'container')} {name!r}"

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from webhook.decision import contract
+from webhook.decision.contract import ACCOUNTING_VOLUME
 from webhook.decision.fields import STATUS_ANNOTATION
-from webhook.decision.layout import ACCOUNTING_VOLUME, NO_OVERRIDE_VOLUME, PRELOAD, VOLUME_NAME
+from webhook.decision.layout import NO_OVERRIDE_VOLUME, PRELOAD, VOLUME_NAME
 from webhook.decision.policy import LD_SO_PRELOAD, Policy
 
 MESSAGE_PREFIX = "gpushare-webhook guard: "  # how every refusal begins, for whoever reads them

@@ -26,6 +26,7 @@ from webhook.decision.model import GpuPod
 from webhook.decision.patch import Op
 from webhook.decision.policy import Policy
 from webhook.decision.prepared import Prepared
+from webhook.decision.quantities import limit_text
 
 
 def scheduler_ops(spec: Mapping[str, Any], policy: Policy) -> list[Op]:
@@ -194,7 +195,7 @@ def _status_text(pod: GpuPod, policy: Policy) -> str:
     mib_per_unit = policy.mib_per_unit
     containers: dict[str, dict[str, Any]] = {}
     for ask in pod.asks:
-        entry: dict[str, Any] = {"memory": f"{ask.memory_per_gpu * mib_per_unit}m"}
+        entry: dict[str, Any] = {"memory": limit_text(ask.memory_per_gpu * mib_per_unit)}
         if ask.gpus > 1:
             entry["gpus"] = ask.gpus
         if ask.compute is not None:

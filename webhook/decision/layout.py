@@ -18,17 +18,18 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from webhook.decision import contract
+from webhook.decision.contract import ACCOUNTING_VOLUME
 from webhook.decision.jsontext import Shared, shared
 from webhook.decision.policy import LD_SO_PRELOAD, Policy, folder
+from webhook.decision.quantities import limit_text
 
 VOLUME_NAME = "gpushare-shim"
 # An empty file over the shim's override file (see webhook.decision.contract).
 NO_OVERRIDE_VOLUME = "gpushare-shim-no-override"
-# The pod's own emptyDir for the shim's accounting regions (contract.REGION_DIR):
-# writable whatever the container's user or root filesystem, since the kubelet
-# makes an emptyDir's folder mode 0777 (pkg/volume/emptydir/empty_dir.go,
-# setupDir), and readable by the node, where the kubelet keeps it.
-ACCOUNTING_VOLUME = "gpushare-accounting"
+# The pod's own emptyDir for the shim's accounting regions (contract.ACCOUNTING_VOLUME
+# at contract.REGION_DIR): writable whatever the container's user or root
+# filesystem, since the kubelet makes an emptyDir's folder mode 0777
+# (pkg/volume/emptydir/empty_dir.go, setupDir), and readable by the node.
 # Room for 16 whole regions (contract.REGION_BYTES each): past its sizeLimit
 # the kubelet evicts the pod, and sparse regions never come near it.
 ACCOUNTING_SIZE = "32Mi"
@@ -75,7 +76,7 @@ class Layout:
         both are set for every GPU the container gets: a ConfigMap given
         through ``envFrom`` cannot set either, since an ``env`` entry wins.
         """
-        mib = f"{memory * self.mib_per_unit}m"
+        mib = limit_text(memory * self.mib_per_unit)
         values = {self.memory_limit: mib}
         for device in range(gpus):
             values[f"{self.memory_limit}_{device}"] = mib

@@ -32,6 +32,7 @@ from typing import Any
 from webhook.decision.asks import ContainerAsk, collect_asks
 from webhook.decision.capacity import limits_from_policy
 from webhook.decision.policy import Policy
+from webhook.decision.quantities import BYTES_PER_MIB
 from webhook.errors import PodError
 
 APP = "containers"  # the kind of an app container's ask; init containers are "initContainers"
@@ -52,7 +53,7 @@ class GpuPod:
 
     @property
     def held_per_pod_bytes(self) -> int:
-        return self.held_per_pod * self.mib_per_unit * 2**20
+        return self.held_per_pod * self.mib_per_unit * BYTES_PER_MIB
 
 
 def gpu_pod(asks: Sequence[ContainerAsk], policy: Policy) -> GpuPod:

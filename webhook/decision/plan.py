@@ -18,7 +18,13 @@ from typing import Any, Literal, NamedTuple
 from webhook.decision import affinity, checks, fit, inject, model
 from webhook.decision.asks import ContainerAsk, collect_asks
 from webhook.decision.capacity import GpuLimits
-from webhook.decision.fields import CONTAINER_KINDS, STATUS_ANNOTATION, each_container, mapping
+from webhook.decision.fields import (
+    CONTAINER_KINDS,
+    STATUS_ANNOTATION,
+    asks_resource,
+    each_container,
+    mapping,
+)
 from webhook.decision.model import NO_GPU_POD, GpuPod
 from webhook.decision.patch import Op, plain
 from webhook.decision.policy import Policy
@@ -175,21 +181,12 @@ def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return False
-    memory, compute = policy.resource_name, policy.compute.resource_name
-    count = policy.multi_gpu.resource_name
+    names = (policy.resource_name, policy.compute.resource_name, policy.multi_gpu.resource_name)
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
-        if not isinstance(containers, list):
-            continue
-        for container in containers:
-            resources = container.get("resources") if isinstance(container, dict) else None
-            if not isinstance(resources, dict):
-                continue
-            for section in ("limits", "requests"):
-                values = resources.get(section)
-                if isinstance(values, dict) and (
-                    memory in values or compute in values or count in values
-                ):
+        if isinstance(containers, list):
+            for container in containers:
+                if asks_resource(container, names):
                     return True
     return False
 

@@ -40,9 +40,9 @@ from webhook.decision.keys import (
     section,
     setting,
 )
+from webhook.decision.quantities import MIB_PER_UNIT, MemoryUnit
 from webhook.errors import PolicyError
 
-MemoryUnit = Literal["GiB", "MiB"]
 Enforcement = Literal["enforce", "warn"]
 ComputeDefault = Literal["none", "proportional"] | int
 MultiGpuMemory = Literal["total", "perDevice"]
@@ -305,7 +305,7 @@ class Policy:
 
     @property
     def mib_per_unit(self) -> int:
-        return 1024 if self.memory_unit == "GiB" else 1
+        return MIB_PER_UNIT[self.memory_unit]
 
     def enforcement_for(self, namespace: str) -> Enforcement:
         """Whether a pod in ``namespace`` that breaks a rule is refused or admitted, warned."""
@@ -331,7 +331,7 @@ def parse_policy(document: object) -> Policy:
     policy = cast(Policy, build(Policy, document, ""))
     if policy.memory_unit == "MiB" and "gpuMemory" not in document:
         # NB: the default is 16 GiB in either unit; read as MiB it would be 16 MiB.
-        policy = replace(policy, gpu_memory=DEFAULT_POLICY.gpu_memory * 1024)
+        policy = replace(policy, gpu_memory=DEFAULT_POLICY.gpu_memory * MIB_PER_UNIT["GiB"])
     if "schedulerName" not in document:
         policy = replace(policy, scheduler_name=policy.placed_by.scheduler_name)
     _cross_check(policy)

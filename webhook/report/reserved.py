@@ -28,7 +28,6 @@ waits for a scheduler name nobody answers. Pure: the clock is an argument.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -37,8 +36,7 @@ from typing import Any
 from webhook.decision.model import stored_gpu_pod
 from webhook.decision.plan import is_gpu_pod
 from webhook.decision.policy import Policy
-from webhook.decision.quantities import parse_quantity
-from webhook.errors import QuantityError
+from webhook.decision.quantities import go_value
 
 INDEX = "ALIYUN_COM_GPU_MEM_IDX"  # the GPU of the node the extender placed the pod on
 RESERVED = "ALIYUN_COM_GPU_MEM_POD"  # the memory it reserved for the pod there
@@ -150,22 +148,14 @@ class Accounts:
     elsewhere: int  # GPU pods bound to nodes not in the input or with no GPU memory
 
 
-def whole(raw: object) -> int:
-    """A quantity as the extender reads it (``int(q.Value())``: rounded up); 0 if malformed."""
-    try:
-        return math.ceil(parse_quantity(raw).value)
-    except QuantityError:
-        return 0
-
-
 def capacity_of(node: Mapping[str, Any], policy: Policy) -> Capacity:
     meta = node.get("metadata")
     status = node.get("status")
     raw = status.get("capacity") if isinstance(status, Mapping) else None
     capacity: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    total = whole(capacity[policy.resource_name]) if policy.resource_name in capacity else 0
+    total = go_value(capacity[policy.resource_name]) if policy.resource_name in capacity else 0
     count_name = policy.multi_gpu.resource_name
-    count = max(whole(capacity[count_name]), 0) if count_name in capacity else 0
+    count = max(go_value(capacity[count_name]), 0) if count_name in capacity else 0
     name = str(meta.get("name") or "") if isinstance(meta, Mapping) else ""
     return Capacity(name, total, count, total // count if count else 0)
 
@@ -183,7 +173,7 @@ def shares_gpu(pod: Mapping[str, Any], policy: Policy) -> bool:
         resources = container.get("resources") if isinstance(container, Mapping) else None
         limits = resources.get("limits") if isinstance(resources, Mapping) else None
         if isinstance(limits, Mapping) and policy.resource_name in limits:
-            total += whole(limits[policy.resource_name])
+            total += go_value(limits[policy.resource_name])
     return total > 0
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from webhook.decision.model import stored_gpu_pod
 from webhook.decision.policy import Policy
-from webhook.decision.quantities import UNIT_MIB
+from webhook.decision.quantities import BYTES_PER_MIB
 from webhook.node.scraped import Used
 from webhook.node.usage import pod_of
 from webhook.report.reserved import FINISHED, INDEX, RESERVED, annotated
@@ -83,7 +83,7 @@ def build_top(
     reports: Mapping[str, list[Used] | str],
 ) -> Top:
     """``reports``: per node, what its agent reported, or why it could not be asked."""
-    unit = UNIT_MIB[policy.memory_unit] * 2**20
+    unit = policy.mib_per_unit * BYTES_PER_MIB
     used = used_by_pod(reports)
     tampered = {
         (row.namespace, row.pod)
@@ -144,7 +144,7 @@ def _gpus(pods: list[TopPod]) -> tuple[TopGpu, ...]:
 
 
 def _mib(value: int | None) -> str:
-    return "-" if value is None else f"{value // 2**20}Mi"
+    return "-" if value is None else f"{value // BYTES_PER_MIB}Mi"
 
 
 def as_table(top: Top) -> str:

@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 from webhook.decision.admission import Result
 from webhook.decision.capacity import GpuNode
 from webhook.decision.nodesource import NodeSource
+from webhook.decision.quantities import BYTES_PER_MIB
 from webhook.serving.runtime import METRICS_ENV, PolicySource
 
 log = logging.getLogger("gpushare_webhook.metrics")
@@ -255,7 +256,7 @@ class LiveState(Collector):
         yield _gauge(
             "gpushare_largest_gpu_memory_bytes",
             "Memory of the largest single GPU pods are checked against",
-            largest * policy.mib_per_unit * 2**20,
+            largest * policy.mib_per_unit * BYTES_PER_MIB,
         )
         yield _gauge(
             "gpushare_gpu_sizes_from_policy",
