@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from webhook.cli.args import EXIT_OK, EXIT_REJECTED
 from webhook.cli.offline import read_documents
-from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
+from webhook.decision import DEFAULT_POLICY, Policy, parse_policy_text
 from webhook.errors import InputError, KubeError
 from webhook.report.findings import build_report
 from webhook.report.objects import sort_objects

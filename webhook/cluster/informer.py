@@ -24,10 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook.cluster import kube
-from webhook.decision.capacity import NodeFacts
-from webhook.decision.nodesource import NodeStatus, facts_of, prepare
-from webhook.decision.policy import Policy
-from webhook.decision.prepared import Prepared
+from webhook.decision import NodeFacts, NodeStatus, Policy, Prepared, facts_of, prepare
 
 log = logging.getLogger("gpushare_webhook.nodes")
 

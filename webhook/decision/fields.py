@@ -14,8 +14,7 @@ from typing import Any
 from webhook.errors import ShapeError
 
 # What the webhook records on each pod it sets up (the limits it pinned), read back by
-# the report and the node agent. NB: here, in a module of the standard library only,
-# so that the agent reads it without loading the policy's YAML.
+# the report, top and the node agent.
 STATUS_ANNOTATION = "gpushare-webhook.io/status"
 
 CONTAINER_KINDS = ("initContainers", "containers")

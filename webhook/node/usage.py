@@ -23,9 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from webhook.decision.contract import ACCOUNTING_VOLUME, REGION_SUFFIX
-from webhook.decision.fields import STATUS_ANNOTATION
-from webhook.decision.quantities import BYTES_PER_MIB, limit_mib
+from webhook.decision import (
+    ACCOUNTING_VOLUME,
+    BYTES_PER_MIB,
+    REGION_SUFFIX,
+    STATUS_ANNOTATION,
+    limit_mib,
+)
 from webhook.node.regions import Device, Region, Skip, Skipped, read
 
 VOLUME_DIR = Path("volumes") / "kubernetes.io~empty-dir" / ACCOUNTING_VOLUME

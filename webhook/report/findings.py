@@ -32,14 +32,19 @@ from typing import Any, Literal
 
 import jsonpatch
 
-from webhook.decision.asks import ContainerAsk
-from webhook.decision.capacity import gpu_node
-from webhook.decision.fields import STATUS_ANNOTATION, container_label
-from webhook.decision.model import stored_gpu_pod
-from webhook.decision.nodesource import facts_of
-from webhook.decision.plan import Decision, is_gpu_pod, plan
-from webhook.decision.policy import Policy
-from webhook.decision.prepared import Prepared
+from webhook.decision import (
+    STATUS_ANNOTATION,
+    ContainerAsk,
+    Decision,
+    Policy,
+    Prepared,
+    container_label,
+    decide,
+    facts_of,
+    gpu_node,
+    is_gpu_pod,
+    stored_gpu_pod,
+)
 from webhook.preview import preview
 from webhook.reasons import Reason
 from webhook.report.objects import Objects
@@ -222,7 +227,7 @@ def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
     # NB: the scheduler's binding sets nodeName on every placed pod; as created,
     # it had none (a pod created with one is judged as if it had not).
     created = {**pod, "spec": {k: v for k, v in spec.items() if k != "nodeName"}}
-    decision = plan(created, prepared, namespace=namespace, limits=prepared.limits(spec))
+    decision = decide(created, prepared, namespace=namespace, limits=prepared.limits(spec))
     if decision.outcome == "untouched":
         return None
     memory, unlimited = gpu.held_per_pod, _unlimited(spec, gpu.asks, policy)

@@ -33,10 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from webhook.decision.model import stored_gpu_pod
-from webhook.decision.plan import is_gpu_pod
-from webhook.decision.policy import Policy
-from webhook.decision.quantities import go_value
+from webhook.decision import Policy, go_value, is_gpu_pod, stored_gpu_pod
 
 INDEX = "ALIYUN_COM_GPU_MEM_IDX"  # the GPU of the node the extender placed the pod on
 RESERVED = "ALIYUN_COM_GPU_MEM_POD"  # the memory it reserved for the pod there

@@ -16,9 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.decision.model import stored_gpu_pod
-from webhook.decision.policy import Policy
-from webhook.decision.quantities import BYTES_PER_MIB
+from webhook.decision import BYTES_PER_MIB, Policy, stored_gpu_pod
 from webhook.node.scraped import Used
 from webhook.node.usage import pod_of
 from webhook.report.reserved import FINISHED, INDEX, RESERVED, annotated

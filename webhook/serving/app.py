@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
-from webhook.decision.admission import Result, admit
-from webhook.decision.nodesource import NodeSource, NoNodes
+from webhook.decision import NodeSource, NoNodes, Result, admit
 from webhook.serving.runtime import PolicySource
 
 if TYPE_CHECKING:

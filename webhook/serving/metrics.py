@@ -38,10 +38,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from webhook.decision.admission import Result
-from webhook.decision.capacity import GpuNode
-from webhook.decision.nodesource import NodeSource
-from webhook.decision.quantities import BYTES_PER_MIB
+from webhook.decision import BYTES_PER_MIB, GpuNode, NodeSource, Result
 from webhook.serving.runtime import METRICS_ENV, PolicySource
 
 log = logging.getLogger("gpushare_webhook.metrics")

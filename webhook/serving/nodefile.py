@@ -17,10 +17,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from webhook.decision.capacity import NodeFacts
-from webhook.decision.nodesource import NodeStatus, decode_snapshot, prepare
-from webhook.decision.policy import Policy
-from webhook.decision.prepared import Prepared
+from webhook.decision import NodeFacts, NodeStatus, Policy, Prepared, decode_snapshot, prepare
 from webhook.errors import SnapshotError
 from webhook.serving.reload import WatchedFiles, replaced
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
+from webhook.decision import DEFAULT_POLICY, Policy, parse_policy_text
 from webhook.errors import PolicyError
 from webhook.serving.reload import WatchedFiles
 
