@@ -181,13 +181,13 @@ def test_a_view_says_why_the_policy_bounds_pods(
 def test_a_prepared_policy_keeps_a_bounded_number_of_values() -> None:
     nodes = [GpuNode("a", 80, 2, {"pool": "a"}), GpuNode("b", 16, 1, {"pool": "b"})]
     prepared = Prepared(DEFAULT_POLICY, nodes)
-    first = prepared.limits({"nodeSelector": {"pool": "b"}})
-    assert prepared.limits({"nodeSelector": {"pool": "b"}}) is first
+    first = prepared.bounds({"nodeSelector": {"pool": "b"}})
+    assert prepared.bounds({"nodeSelector": {"pool": "b"}}) is first
     for index in range(Prepared.MEMO_KEPT - 1):
-        prepared.limits({"nodeSelector": {"pool": str(index)}})
+        prepared.bounds({"nodeSelector": {"pool": str(index)}})
     # Full: the next new value starts the memo afresh.
     assert len(prepared._memo) == Prepared.MEMO_KEPT
-    prepared.limits({"nodeSelector": {"pool": "new"}})
+    prepared.bounds({"nodeSelector": {"pool": "new"}})
     assert len(prepared._memo) == 1
 
 

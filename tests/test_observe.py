@@ -17,7 +17,7 @@ from prometheus_client import Histogram
 
 from tests.helpers import container, pod, review, swap
 from webhook.decision.admission import admit
-from webhook.decision.capacity import GpuLimits, GpuNode
+from webhook.decision.capacity import GpuBounds, GpuNode
 from webhook.decision.nodesource import NodeStatus, NoNodes
 from webhook.decision.policy import DEFAULT_POLICY, Policy
 from webhook.decision.prepared import Prepared
@@ -213,7 +213,7 @@ class BrokenNodes(NoNodes):
     """Nodes whose bounds fail: a bug, which no real node source makes on demand."""
 
     class _Prepared(Prepared):
-        def limits(self, spec: Mapping[str, Any]) -> GpuLimits:
+        def bounds(self, spec: Mapping[str, Any]) -> GpuBounds:
             raise RuntimeError("no bounds")
 
     def prepared(self, policy: Policy) -> Prepared:

@@ -112,9 +112,9 @@ def test_limits_narrow_to_the_pool_a_pod_selects(
     watcher.start()
     eventually(lambda: len(sizes(watcher)) == 3)
     prepared = watcher.prepared(GIB)
-    everywhere = prepared.limits({})
+    everywhere = prepared.bounds({})
     assert (everywhere.largest_gpu, everywhere.nodes_with_largest) == (80, 2)
-    t4 = prepared.limits({"nodeSelector": {"pool": "t4"}})
+    t4 = prepared.bounds({"nodeSelector": {"pool": "t4"}})
     assert (t4.largest_gpu, t4.nodes_with_largest) == (16, 1)
 
 

@@ -89,8 +89,8 @@ def decide(request: Request, prepared: Prepared) -> Decision:
     if request["operation"] != "CREATE":
         return untouched(Reason.NOT_CREATE)
     spec = pod.get("spec") if isinstance(pod, dict) else None
-    limits = prepared.limits(spec if isinstance(spec, dict) else {})
-    return plan(pod, prepared, namespace=namespace, limits=limits)
+    bounds = prepared.bounds(spec if isinstance(spec, dict) else {})
+    return plan(pod, prepared, namespace=namespace, bounds=bounds)
 
 
 def admit(body: bytes, prepared: Prepared) -> Result:

@@ -12,7 +12,7 @@ handed, as ``webhook.decision.checks`` does.
 from __future__ import annotations
 
 from webhook.decision.asks import ContainerAsk
-from webhook.decision.capacity import GpuLimits
+from webhook.decision.capacity import GpuBounds
 from webhook.decision.checks import Problems
 from webhook.decision.model import GpuPod
 from webhook.decision.policy import Policy
@@ -20,16 +20,16 @@ from webhook.errors import PodError
 from webhook.reasons import Reason
 
 
-def check_fit(pod: GpuPod, policy: Policy, limits: GpuLimits, found: Problems) -> None:
+def check_fit(pod: GpuPod, policy: Policy, bounds: GpuBounds, found: Problems) -> None:
     """Name what of the pod's asks no GPU can hold (its model: ``webhook.decision.model``)."""
     unit = policy.memory_unit
     too_big = False  # one container over the GPU is named alone, not again in the total
     for ask in pod.asks:
-        if _check_container_fits(ask, policy, limits, found):
+        if _check_container_fits(ask, policy, bounds, found):
             too_big = True
     if not policy.placed_by.reserves_init:
-        _check_init_within(pod, policy, limits, found)
-    if pod.held_per_gpu > limits.largest_gpu and not too_big:
+        _check_init_within(pod, policy, bounds, found)
+    if pod.held_per_gpu > bounds.largest_gpu and not too_big:
         parts = ", ".join(
             f"{a.name}={a.memory_per_gpu}" for a in pod.asks if a.kind == "containers"
         )
@@ -37,7 +37,7 @@ def check_fit(pod: GpuPod, policy: Policy, limits: GpuLimits, found: Problems) -
             PodError(
                 f"the pod's containers together ask {pod.held_per_gpu} {unit} of "
                 f"{policy.resource_name} ({parts}), and they share one GPU, but "
-                f"{limits.describe(unit)}; lower the requests or split the pod so its "
+                f"{bounds.describe(unit)}; lower the requests or split the pod so its "
                 "containers fit one GPU",
                 reason=Reason.EXCEEDS_GPU,
             )
@@ -57,33 +57,33 @@ def check_fit(pod: GpuPod, policy: Policy, limits: GpuLimits, found: Problems) -
 
 
 def _check_container_fits(
-    ask: ContainerAsk, policy: Policy, limits: GpuLimits, found: Problems
+    ask: ContainerAsk, policy: Policy, bounds: GpuBounds, found: Problems
 ) -> bool:
     """Name a container no GPU or GPU node can hold; True when its memory is over every GPU."""
     unit = policy.memory_unit
-    too_big = ask.memory_per_gpu > limits.largest_gpu
+    too_big = ask.memory_per_gpu > bounds.largest_gpu
     if too_big:
         found.append(
             PodError(
                 f"{ask.label} asks {ask.memory_per_gpu} {unit} of {policy.resource_name} per GPU, "
                 "but "
-                f"{limits.describe(unit)}: the pod could never be scheduled; ask at most "
-                f"{limits.largest_gpu}{_mib_hint(ask.memory_per_gpu, unit, limits.largest_gpu)}",
+                f"{bounds.describe(unit)}: the pod could never be scheduled; ask at most "
+                f"{bounds.largest_gpu}{_mib_hint(ask.memory_per_gpu, unit, bounds.largest_gpu)}",
                 reason=Reason.EXCEEDS_GPU,
             )
         )
-    if ask.gpus > limits.max_gpus:
+    if ask.gpus > bounds.max_gpus:
         found.append(
             PodError(
                 f"{ask.label} asks {ask.gpus} GPUs, but the largest GPU node has "
-                f"{limits.max_gpus} ({limits.gpus_source}); ask at most {limits.max_gpus}",
+                f"{bounds.max_gpus} ({bounds.gpus_source}); ask at most {bounds.max_gpus}",
                 reason=Reason.TOO_MANY_GPUS,
             )
         )
     return too_big
 
 
-def _check_init_within(pod: GpuPod, policy: Policy, limits: GpuLimits, found: Problems) -> None:
+def _check_init_within(pod: GpuPod, policy: Policy, bounds: GpuBounds, found: Problems) -> None:
     """Under a scheduler that holds the app containers' sum only, no init container asks more.
 
     Its shim limit would reach past what is held for the pod on that GPU,
@@ -93,7 +93,7 @@ def _check_init_within(pod: GpuPod, policy: Policy, limits: GpuLimits, found: Pr
     app_total = pod.app_per_gpu
     inits = [a for a in pod.asks if a.kind == "initContainers"]
     for ask in inits:
-        if ask.memory_per_gpu <= app_total or ask.memory_per_gpu > limits.largest_gpu:
+        if ask.memory_per_gpu <= app_total or ask.memory_per_gpu > bounds.largest_gpu:
             continue  # within what is held, or named alone as too big
         held = (
             f"the pod's app containers together ask {app_total} {unit}"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.decision.asks import ContainerAsk, collect_asks
-from webhook.decision.capacity import limits_from_policy
+from webhook.decision.capacity import bounds_from_policy
 from webhook.decision.policy import Policy
 from webhook.decision.quantities import BYTES_PER_MIB
 from webhook.errors import PodError
@@ -104,7 +104,7 @@ def stored_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> GpuPod:
     asks = collect_asks(
         spec,
         policy,
-        limits_from_policy(policy),
+        bounds_from_policy(policy),
         labels if isinstance(labels, Mapping) else {},
         found,
     )

@@ -1,4 +1,4 @@
-"""The decision for one pod, as a pure function of (pod, prepared policy, limits).
+"""The decision for one pod, as a pure function of (pod, prepared policy, GPU bounds).
 
 Owns the order of the rules: which pods are GPU-memory pods, then every
 check (``checks``, on what ``asks`` read), and only once the pod has passed
@@ -17,7 +17,7 @@ from typing import Any, Literal, NamedTuple
 
 from webhook.decision import affinity, checks, fit, inject, model
 from webhook.decision.asks import ContainerAsk, collect_asks
-from webhook.decision.capacity import GpuLimits
+from webhook.decision.capacity import GpuBounds
 from webhook.decision.fields import (
     CONTAINER_KINDS,
     STATUS_ANNOTATION,
@@ -153,11 +153,11 @@ def plan(
     prepared: Prepared,
     *,
     namespace: str = "",
-    limits: GpuLimits | None = None,
+    bounds: GpuBounds | None = None,
 ) -> Decision:
     """Decide what to do with ``pod`` (a decoded Pod object) under ``prepared.policy``.
 
-    ``limits`` are the bounds for the pod's placement (None: the policy's).
+    ``bounds`` are the GPU bounds of the pod's placement (None: the policy's).
 
     Under ``enforcement: warn`` (the policy's, or its namespace's) a pod that
     breaks a rule is admitted, with a warning for each refusal, and set up
@@ -165,7 +165,7 @@ def plan(
     """
     warn = prepared.policy.enforcement_for(namespace) == "warn"
     try:
-        return _plan(pod, prepared, namespace=namespace, limits=limits, warn=warn)
+        return _plan(pod, prepared, namespace=namespace, bounds=bounds, warn=warn)
     except PodError as error:
         return _judged([error], warn)
 
@@ -192,7 +192,7 @@ def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
 
 
 def _plan(
-    pod: object, prepared: Prepared, *, namespace: str, limits: GpuLimits | None, warn: bool
+    pod: object, prepared: Prepared, *, namespace: str, bounds: GpuBounds | None, warn: bool
 ) -> Decision:
     policy = prepared.policy
     if not isinstance(pod, dict):
@@ -209,7 +209,7 @@ def _plan(
         return _judged(found, warn) if found else untouched(Reason.NO_GPU_REQUEST)
     spec = pod["spec"]  # an object: is_gpu_pod found GPUs in it
     metadata = mapping(pod, "metadata", path="", optional=True)
-    limits = limits or prepared.policy_limits
+    bounds = bounds or prepared.policy_bounds
     shape = prepared.layout
 
     # Every refusal first, all of them: no op is built for a pod that is refused.
@@ -221,9 +221,9 @@ def _plan(
     except ShapeError as error:
         found.append(error)
         labels = {}
-    asks = collect_asks(spec, policy, limits, labels, found)
+    asks = collect_asks(spec, policy, bounds, labels, found)
     gpu_pod = model.gpu_pod(asks, policy)
-    fit.check_fit(gpu_pod, policy, limits, found)
+    fit.check_fit(gpu_pod, policy, bounds, found)
     checks.check_volumes(spec, policy, shape, found)
     seen = [checks.check_gpu_container(spec, ask, shape, found) for ask in asks]
     checks.check_annotations(metadata, found)

@@ -18,10 +18,10 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from webhook.decision.capacity import (
-    GpuLimits,
+    GpuBounds,
     GpuNode,
-    limits_from_policy,
-    limits_over,
+    bounds_from_policy,
+    bounds_over,
     placement_key,
 )
 from webhook.decision.layout import Layout, layout_of
@@ -54,7 +54,7 @@ class Prepared:
         # no GPU there, so they bound no pod (the node watch logs them).
         self.uncounted = tuple(uncounted)
         self.layout: Layout = layout_of(policy)
-        self.policy_limits: GpuLimits = limits_from_policy(policy)
+        self.policy_bounds: GpuBounds = bounds_from_policy(policy)
         self._memo: dict[Hashable, Any] = {}
 
     def remember(self, key: Hashable, make: Callable[[], T]) -> T:
@@ -72,7 +72,7 @@ class Prepared:
         found = memo[key] = make()
         return found
 
-    def limits(self, spec: Mapping[str, Any]) -> GpuLimits:
+    def bounds(self, spec: Mapping[str, Any]) -> GpuBounds:
         """The bounds for a pod with this spec: the largest GPU it may be placed on.
 
         Working them out passes over every GPU node (about 1 ms for 500),
@@ -80,7 +80,7 @@ class Prepared:
         """
         nodes = self.nodes
         if nodes is None:
-            return self.policy_limits
+            return self.policy_bounds
         return self.remember(
-            (limits_over, placement_key(spec)), lambda: limits_over(spec, nodes, self.policy)
+            (bounds_over, placement_key(spec)), lambda: bounds_over(spec, nodes, self.policy)
         )

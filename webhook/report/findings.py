@@ -227,7 +227,7 @@ def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
     # NB: the scheduler's binding sets nodeName on every placed pod; as created,
     # it had none (a pod created with one is judged as if it had not).
     created = {**pod, "spec": {k: v for k, v in spec.items() if k != "nodeName"}}
-    decision = decide(created, prepared, namespace=namespace, limits=prepared.limits(spec))
+    decision = decide(created, prepared, namespace=namespace, bounds=prepared.bounds(spec))
     if decision.outcome == "untouched":
         return None
     memory, unlimited = gpu.held_per_pod, _unlimited(spec, gpu.asks, policy)
