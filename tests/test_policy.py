@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from tests.helpers import rewrite_case
+from webhook.decision.keys import document
 from webhook.decision.policy import DEFAULT_POLICY, dump_policy, parse_policy, parse_policy_text
 from webhook.errors import PolicyError
 
@@ -19,7 +20,7 @@ def test_empty_document_is_the_defaults() -> None:
 
 
 def test_defaults_match_the_documented_ones() -> None:
-    doc = DEFAULT_POLICY.to_document()
+    doc = document(DEFAULT_POLICY)
     assert doc["scheduler"] == "gpushare-extender"
     assert doc["schedulerName"] == "default-scheduler"
     assert doc["resourceName"] == "aliyun.com/gpu-mem"
@@ -155,7 +156,7 @@ def test_namespace_settings_round_trip_in_name_order() -> None:
     policy = parse_policy_text(text)
     assert [name for name, _ in policy.namespaces.items] == ["team-a", "team-b"]
     assert parse_policy_text(dump_policy(policy)) == policy
-    assert policy.to_document()["namespaces"] == {
+    assert document(policy)["namespaces"] == {
         "team-a": {"enforcement": "enforce"},
         "team-b": {"enforcement": "warn"},
     }

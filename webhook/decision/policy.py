@@ -35,7 +35,6 @@ from webhook.decision.keys import (
     String,
     build,
     by_name,
-    document,
     lines,
     section,
     setting,
@@ -311,10 +310,6 @@ class Policy:
         """Whether a pod in ``namespace`` that breaks a rule is refused or admitted, warned."""
         override = self.namespaces.get(namespace) if namespace else None
         return override.enforcement if override is not None else self.enforcement
-
-    def to_document(self) -> dict[str, Any]:
-        """The policy as the YAML document an operator writes (camelCase keys)."""
-        return document(self)
 
 
 DEFAULT_POLICY = Policy()
