@@ -6,6 +6,9 @@ through JSON and back. The watch that reads Nodes is tests/test_nodes.py's.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import pytest
 
 from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node, placement_key, uncounted
@@ -18,8 +21,8 @@ from webhook.decision.nodesource import (
     facts_of,
     prepare,
 )
-from webhook.decision.policy import DEFAULT_POLICY, parse_policy
-from webhook.decision.prepared import Prepared
+from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy
+from webhook.decision.prepared import Kept, Prepared
 from webhook.errors import SnapshotError
 
 
@@ -235,3 +238,22 @@ def test_a_snapshot_error_says_what_was_wrong() -> None:
 def test_a_snapshot_keeps_what_it_knows_of_a_newer_status() -> None:
     data = b'{"version": 1, "status": {"synced": true, "since": 5}, "nodes": []}'
     assert decode_snapshot(data) == (NodeStatus(synced=True), ())
+
+
+def test_one_prepared_policy_is_kept_while_the_policy_and_the_node_list_are_the_same() -> None:
+    kept, made = Kept(), list[Prepared]()
+    other = dataclasses.replace(DEFAULT_POLICY, gpu_memory=24)
+    nodes, again = ["a"], ["a"]  # equal, but not the same list
+
+    def make(policy: Policy) -> Callable[[], Prepared]:
+        def made_one() -> Prepared:
+            made.append(Prepared(policy))
+            return made[-1]
+
+        return made_one
+
+    first = kept.get(DEFAULT_POLICY, nodes, make(DEFAULT_POLICY))
+    assert kept.get(DEFAULT_POLICY, nodes, make(DEFAULT_POLICY)) is first is kept.last
+    assert kept.get(DEFAULT_POLICY, again, make(DEFAULT_POLICY)) is not first
+    assert kept.get(other, again, make(other)).policy is other
+    assert len(made) == 3

@@ -44,7 +44,7 @@ from webhook.decision.nodesource import (
 from webhook.decision.plan import WOULD_REFUSE, Decision, is_gpu_pod, plan_ephemeral
 from webhook.decision.plan import plan as decide
 from webhook.decision.policy import DEFAULT_POLICY, Policy, dump_policy, parse_policy_text
-from webhook.decision.prepared import Prepared
+from webhook.decision.prepared import Kept, Prepared
 from webhook.decision.quantities import BYTES_PER_MIB, go_value, limit_mib
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "Decision",
     "GpuNode",
     "GpuPod",
+    "Kept",
     "NoNodes",
     "NodeFacts",
     "NodeSource",

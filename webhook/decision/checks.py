@@ -136,7 +136,7 @@ def check_visible_devices(
 
 def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout, found: Problems) -> None:
     """The pod's own volumes: none may take a name of ours or mount the shim's host path."""
-    ours = {volume.value["name"]: volume.value for volume in layout.volumes}
+    ours = {volume["name"]: volume for volume in layout.volumes}
     for index, volume in enumerate(_listed(spec, "volumes", None, found)):
         if not isinstance(volume, dict):
             found.append(ShapeError(f"spec.volumes[{index}]", "a volume object", volume))

@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 from webhook.decision import jsontext, patch
 from webhook.decision.checks import GpuContainer
 from webhook.decision.fields import STATUS_ANNOTATION
-from webhook.decision.jsontext import Shared, shared
 from webhook.decision.layout import PRELOAD, Layout
 from webhook.decision.model import GpuPod
 from webhook.decision.patch import Op
@@ -44,7 +43,7 @@ def volume_ops(spec: Mapping[str, Any], layout: Layout) -> list[Op]:
     return [
         patch.add("/spec/volumes/-", volume)
         for volume in layout.volumes
-        if volume.value["name"] not in present
+        if volume["name"] not in present
     ]
 
 
@@ -58,7 +57,7 @@ def mount_ops(gpu: GpuContainer, layout: Layout) -> list[Op]:
     for path, entry, _ in layout.mounts:
         if path not in ours:
             missing.append(patch.add(f"{base}/volumeMounts/-", entry))
-        elif mounts[ours[path]] != entry.value:
+        elif mounts[ours[path]] != entry:
             ops.append(patch.replace(f"{base}/volumeMounts/{ours[path]}", entry))
     return ops + missing
 
@@ -81,12 +80,12 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
     scan = _scan_env(env, pinned.values, layout, ask.label, warnings)
     replaced = scan.replaced
     preload_entry = prepared.remember(
-        (_preloaded, scan.user_preload),
-        lambda: shared(_entry(PRELOAD, _preloaded(scan.user_preload, layout.preload))),
+        (_preload_entry, scan.user_preload),
+        lambda: _preload_entry(scan.user_preload, layout.preload),
     )
     if scan.preload_at >= 0:
         current = env[scan.preload_at]  # anything but our entry is replaced
-        if current != preload_entry.value:
+        if current != preload_entry:
             replaced.append((scan.preload_at, preload_entry))
             replaced.sort(key=_index)  # no two entries share one
     ops = [patch.replace(f"{base}/env/{index}", entry) for index, entry in replaced]
@@ -94,7 +93,7 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
         ops += [patch.remove(f"{base}/env/{index}") for index in reversed(scan.removed)]
     append = f"{base}/env/-"
     for pinned_entry in pinned.entries:
-        if pinned_entry.value["name"] not in scan.seen:
+        if pinned_entry["name"] not in scan.seen:
             ops.append(patch.add(append, pinned_entry))
     if scan.preload_at < 0:
         ops.append(patch.add(append, preload_entry))
@@ -104,7 +103,7 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
 class _EnvScan(NamedTuple):
     """One pass over a container's env: what to replace and remove, and where LD_PRELOAD is."""
 
-    replaced: list[tuple[int, dict[str, str] | Shared]]  # (index, its new entry)
+    replaced: list[tuple[int, dict[str, str]]]  # (index, its new entry)
     removed: list[int]  # indexes, in order
     seen: set[str]  # the pinned names the container sets (its first entry of each)
     preload_at: int  # the index of its first LD_PRELOAD entry, or -1
@@ -120,7 +119,7 @@ def _scan_env(
 ) -> _EnvScan:
     """Read the container's env once, warning of each entry the webhook changes or removes."""
     prefixes = (layout.memory_limit, layout.sm_limit)
-    replaced: list[tuple[int, dict[str, str] | Shared]] = []
+    replaced: list[tuple[int, dict[str, str]]] = []
     removed: list[int] = []
     seen: set[str] = set()
     preload_at = -1
@@ -161,6 +160,11 @@ def _scan_env(
 
 def _entry(name: str, value: str) -> dict[str, str]:
     return {"name": name, "value": value}
+
+
+def _preload_entry(user_value: str, shim: str) -> dict[str, str]:
+    """The LD_PRELOAD entry: the shim first, then the user's libraries."""
+    return _entry(PRELOAD, _preloaded(user_value, shim))
 
 
 def _index(replacement: tuple[int, object]) -> int:

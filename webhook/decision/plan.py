@@ -1,8 +1,9 @@
 """The decision for one pod, as a pure function of (pod, prepared policy, GPU bounds).
 
 Owns the order of the rules: which pods are GPU-memory pods, then every
-check (``checks``, on what ``asks`` read), and only once the pod has passed
-them all, the injection (``inject``). It never reads files, the clock,
+check (``checks``; ``fit``, on the pod's model made from what ``asks``
+read), and only once the pod has passed them all, the injection
+(``inject``). It never reads files, the clock,
 the network or an HTTP request; the callers (``admission`` for the webhook,
 ``webhook.preview`` for the offline CLI) hand it a pod and get back a
 :class:`Decision`, whose patch is data.

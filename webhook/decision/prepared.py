@@ -84,3 +84,23 @@ class Prepared:
         return self.remember(
             (bounds_over, placement_key(spec)), lambda: bounds_over(spec, nodes, self.policy)
         )
+
+
+class Kept:
+    """The one :class:`Prepared` in force, made again when the policy or the node list changes.
+
+    Its identity rule is the only one: the same policy object and the same
+    node list object (a snapshot, or None without nodes) give the same
+    Prepared, and with it everything its memo kept.
+    """
+
+    def __init__(self) -> None:
+        self.last: Prepared | None = None
+        self._nodes: object = None
+
+    def get(self, policy: Policy, nodes: object, make: Callable[[], Prepared]) -> Prepared:
+        last = self.last
+        if last is not None and last.policy is policy and self._nodes is nodes:
+            return last
+        self.last, self._nodes = make(), nodes
+        return self.last
