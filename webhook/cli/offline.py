@@ -12,7 +12,7 @@ from typing import Any, TextIO
 import yaml
 
 from webhook.cli.args import EXIT_OK, EXIT_REJECTED
-from webhook.decision import DEFAULT_POLICY, WOULD_REFUSE, Policy, dump_policy, make_guard
+from webhook.decision import DEFAULT_POLICY, Policy, dump_policy, make_guard
 from webhook.errors import InputError
 from webhook.serving.runtime import read_policy
 
@@ -106,9 +106,8 @@ def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: 
             verdict = "rejected" if not decision.allowed else "warned"
             for problem in decision.problems:
                 print(f"{verdict}: {label}: {problem.message}", file=stderr)
-            for warning in decision.warnings:
-                if not warning.startswith(WOULD_REFUSE):  # said just above
-                    print(f"warning: {label}: {warning}", file=stderr)
+            for note in decision.notes:  # its problems are said just above
+                print(f"warning: {label}: {note}", file=stderr)
         if not result.rejected:
             kept.append(result)
     if args.output == "patch":

@@ -41,7 +41,7 @@ from webhook.decision.nodesource import (
     facts_of,
     prepare,
 )
-from webhook.decision.plan import WOULD_REFUSE, Decision, is_gpu_pod, plan_ephemeral
+from webhook.decision.plan import Decision, is_gpu_pod, plan_ephemeral
 from webhook.decision.plan import plan as decide
 from webhook.decision.policy import DEFAULT_POLICY, Policy, dump_policy, parse_policy_text
 from webhook.decision.prepared import Kept, Prepared
@@ -55,7 +55,6 @@ __all__ = [
     "REGION_SUFFIX",
     "SHIM_LABEL",
     "STATUS_ANNOTATION",
-    "WOULD_REFUSE",
     "ContainerAsk",
     "Decision",
     "GpuNode",

@@ -71,13 +71,20 @@ class Decision:
     message: str = ""
     code: int = 200
     ops: tuple[Op, ...] = ()  # the JSON Patch, as data (encoded by responses.patched)
-    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # what its set-up changed or could not, for the user to know
     gpu_pod: GpuPod = NO_GPU_POD  # what it asks, and what its scheduler holds for it
     problems: tuple[Problem, ...] = ()  # every reason it is (or, warned, would be) refused
 
     @property
     def allowed(self) -> bool:
         return self.outcome != "rejected"
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the answer warns of: under warn each refusal it would have had, then the notes."""
+        if self.outcome != "warned":
+            return self.notes
+        return (*(f"{WOULD_REFUSE}{p.message}" for p in self.problems), *self.notes)
 
     @property
     def reasons(self) -> tuple[Reason, ...]:
@@ -118,18 +125,15 @@ _NOTHING_DONE = Decision(outcome="unchanged", reason=Reason.UNCHANGED)  # outcom
 def _warned(found: list[PodError], done: Decision | None = None) -> Decision:
     """Admitted under ``enforcement: warn``, with a warning for each refusal it would have had.
 
-    ``done`` is what the webhook set up anyway (its ops, asks and warnings),
+    ``done`` is what the webhook set up anyway (its ops, model and notes),
     None when it set up nothing.
     """
     refused = _refused(found)
-    warnings = tuple(f"{WOULD_REFUSE}{p.message}" for p in refused.problems)
-    base = done or _NOTHING_DONE
     return dataclasses.replace(
-        base,
+        done or _NOTHING_DONE,
         outcome="warned",
         reason=refused.reason,
         message=refused.message,
-        warnings=(*warnings, *base.warnings),
         problems=refused.problems,
     )
 
@@ -246,7 +250,7 @@ def _plan(
         outcome="mutated" if ops else "unchanged",
         reason=Reason.MUTATED if ops else Reason.UNCHANGED,
         ops=tuple(ops),
-        warnings=tuple(warnings),
+        notes=tuple(warnings),
         gpu_pod=gpu_pod,
     )
     return _warned(found, done) if found else done
