@@ -11,7 +11,14 @@ from collections.abc import Callable
 
 import pytest
 
-from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node, placement_key, uncounted
+from webhook.decision.capacity import (
+    GpuBounds,
+    GpuNode,
+    NodeFacts,
+    gpu_node,
+    placement_key,
+    uncounted,
+)
 from webhook.decision.nodesource import (
     NodeStatus,
     NoNodes,
@@ -257,3 +264,12 @@ def test_one_prepared_policy_is_kept_while_the_policy_and_the_node_list_are_the_
     assert kept.get(DEFAULT_POLICY, again, make(DEFAULT_POLICY)) is not first
     assert kept.get(other, again, make(other)).policy is other
     assert len(made) == 3
+
+
+@pytest.mark.parametrize(
+    ("nodes", "said"),
+    [(None, "the largest GPU has 80 GiB (x)"), (1, "the largest GPU has 80 GiB (1 node of x)"),
+     (2, "the largest GPU has 80 GiB (2 nodes of x)")],
+)  # fmt: skip
+def test_the_bounds_say_where_they_come_from(nodes: int | None, said: str) -> None:
+    assert GpuBounds(80, 8, "x", nodes_with_largest=nodes).describe("GiB") == said

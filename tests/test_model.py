@@ -21,6 +21,7 @@ from tests.helpers import GPU, apply, container, examples, pod, review
 from webhook.decision.admission import Result, admit
 from webhook.decision.model import gpu_pod, stored_gpu_pod
 from webhook.decision.plan import STATUS_ANNOTATION
+from webhook.decision.plan import plan as decide
 from webhook.decision.policy import SCHEDULERS, Policy, parse_policy
 from webhook.decision.prepared import Prepared
 from webhook.preview import preview
@@ -171,3 +172,32 @@ def test_under_ack_a_pod_over_several_gpus_holds_its_share_on_each() -> None:
     assert (model.gpus, model.app_per_gpu, model.largest_init_per_gpu) == (2, 4, 6)
     assert (model.held_per_gpu, model.held_per_pod) == (6, 12)
     assert model.held_per_pod_bytes == 12 * 2**30
+    app_only = stored_gpu_pod(pod(container("a", gpu="8"), labels={COUNT: "2"}), policy)
+    assert (app_only.app_per_gpu, app_only.held_per_gpu, app_only.held_per_pod) == (4, 4, 8)
+
+
+def test_a_stored_pod_is_read_as_admission_reads_it_and_an_unreadable_ask_adds_nothing() -> None:
+    policy = parse_policy({"compute": {"default": "proportional"}, "gpuMemory": 16})
+    readable, fractional = container("a", gpu="4"), container("b", gpu="1500m")
+    model = stored_gpu_pod(pod(readable, fractional), policy)
+    assert [(a.name, a.memory_per_gpu, a.compute) for a in model.asks] == [("a", 4, 25)]
+    no_metadata = {"spec": {"containers": [readable]}}
+    assert stored_gpu_pod(no_metadata, policy).held_per_pod == 4
+    no_spec = stored_gpu_pod({"metadata": {"name": "x"}}, policy)
+    assert (no_spec.asks, no_spec.held_per_pod, no_spec.mib_per_unit) == ((), 0, 1024)
+
+
+def test_a_pod_already_set_up_is_unchanged_and_says_so() -> None:
+    policy = _policy("gpushare-extender")
+    obj = pod(container("a", gpu="4"))
+    stored = apply(obj, list(decide(obj, Prepared(policy)).patch))
+    again = decide(stored, Prepared(policy))
+    assert (again.outcome, again.reason, again.ops) == ("unchanged", "unchanged", ())
+
+
+def test_an_init_container_asking_a_gpu_count_the_scheduler_does_not_read_is_named() -> None:
+    policy = parse_policy({"multiGpu": {"countFrom": "resource"}})
+    warm = container("warm", gpu="4")
+    warm["resources"]["limits"][COUNT] = "2"
+    (problem,) = decide(pod(container("a", gpu="4"), init=[warm]), Prepared(policy)).problems
+    assert problem.message.startswith(f"init container 'warm' limit {COUNT} asks 2 GPUs")

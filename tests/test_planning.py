@@ -664,3 +664,10 @@ def test_the_patch_as_json_data_is_a_copy_of_its_own() -> None:
             op["value"].clear()
     assert decision.patch != first
     assert all(op.get("value") != [] for op in decision.patch)
+
+
+def test_the_visible_devices_advice_reads_the_containers_limit_of_gpu_memory() -> None:
+    env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    requested = container("a", env=env, resources={"requests": {"aliyun.com/gpu-mem": "4"}})
+    messages = [p.message for p in decide(pod(requested)).problems]
+    assert any("remove the variable and ask for aliyun.com/gpu-mem" in m for m in messages)

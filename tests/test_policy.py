@@ -10,7 +10,13 @@ import yaml
 
 from tests.helpers import rewrite_case
 from webhook.decision.keys import document
-from webhook.decision.policy import DEFAULT_POLICY, dump_policy, parse_policy, parse_policy_text
+from webhook.decision.policy import (
+    DEFAULT_POLICY,
+    dump_policy,
+    folder,
+    parse_policy,
+    parse_policy_text,
+)
 from webhook.errors import PolicyError
 
 
@@ -198,3 +204,11 @@ def test_policy_show_prints_every_key_on_one_line_and_namespaces_by_name() -> No
         "    enforcement: warn               # enforce (refuse) or warn (admit, with a warning "
         "per refusal)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("path", "folder_of"),
+    [("/a/b", "/a/b/"), ("/a/b//", "/a/b/"), ("/opt/X", "/opt/X/"), ("/", "/")],
+)
+def test_a_folder_has_one_trailing_slash(path: str, folder_of: str) -> None:
+    assert folder(path) == folder_of

@@ -95,12 +95,16 @@ class Kept:
     """
 
     def __init__(self) -> None:
-        self.last: Prepared | None = None
-        self._nodes: object = None
+        self._made: tuple[object, Prepared] | None = None  # (the node list, its Prepared)
+
+    @property
+    def last(self) -> Prepared | None:
+        return None if self._made is None else self._made[1]
 
     def get(self, policy: Policy, nodes: object, make: Callable[[], Prepared]) -> Prepared:
-        last = self.last
-        if last is not None and last.policy is policy and self._nodes is nodes:
-            return last
-        self.last, self._nodes = make(), nodes
-        return self.last
+        made = self._made
+        if made is not None and made[0] is nodes and made[1].policy is policy:
+            return made[1]
+        prepared = make()
+        self._made = (nodes, prepared)
+        return prepared
