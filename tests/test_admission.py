@@ -19,7 +19,7 @@ import pytest
 from tests.helpers import container, pod, review
 from webhook.decision import patch, responses
 from webhook.decision.admission import admit
-from webhook.decision.capacity import GpuLimits, GpuNode
+from webhook.decision.capacity import GpuBounds, GpuNode
 from webhook.decision.decoding import MAX_UID, decode
 from webhook.decision.policy import DEFAULT_POLICY
 from webhook.decision.prepared import Prepared
@@ -146,7 +146,7 @@ def test_an_object_that_is_not_a_mapping_is_named_by_the_request() -> None:
 class Broken(Prepared):
     """Bounds that fail: a bug in the decision, which the real ones cannot make."""
 
-    def limits(self, spec: Mapping[str, Any]) -> GpuLimits:
+    def bounds(self, spec: Mapping[str, Any]) -> GpuBounds:
         raise RuntimeError("no bounds")
 
 

@@ -6,9 +6,19 @@ through JSON and back. The watch that reads Nodes is tests/test_nodes.py's.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import pytest
 
-from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node, placement_key, uncounted
+from webhook.decision.capacity import (
+    GpuBounds,
+    GpuNode,
+    NodeFacts,
+    gpu_node,
+    placement_key,
+    uncounted,
+)
 from webhook.decision.nodesource import (
     NodeStatus,
     NoNodes,
@@ -18,8 +28,8 @@ from webhook.decision.nodesource import (
     facts_of,
     prepare,
 )
-from webhook.decision.policy import DEFAULT_POLICY, parse_policy
-from webhook.decision.prepared import Prepared
+from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy
+from webhook.decision.prepared import Kept, Prepared
 from webhook.errors import SnapshotError
 
 
@@ -181,13 +191,13 @@ def test_a_view_says_why_the_policy_bounds_pods(
 def test_a_prepared_policy_keeps_a_bounded_number_of_values() -> None:
     nodes = [GpuNode("a", 80, 2, {"pool": "a"}), GpuNode("b", 16, 1, {"pool": "b"})]
     prepared = Prepared(DEFAULT_POLICY, nodes)
-    first = prepared.limits({"nodeSelector": {"pool": "b"}})
-    assert prepared.limits({"nodeSelector": {"pool": "b"}}) is first
+    first = prepared.bounds({"nodeSelector": {"pool": "b"}})
+    assert prepared.bounds({"nodeSelector": {"pool": "b"}}) is first
     for index in range(Prepared.MEMO_KEPT - 1):
-        prepared.limits({"nodeSelector": {"pool": str(index)}})
+        prepared.bounds({"nodeSelector": {"pool": str(index)}})
     # Full: the next new value starts the memo afresh.
     assert len(prepared._memo) == Prepared.MEMO_KEPT
-    prepared.limits({"nodeSelector": {"pool": "new"}})
+    prepared.bounds({"nodeSelector": {"pool": "new"}})
     assert len(prepared._memo) == 1
 
 
@@ -235,3 +245,31 @@ def test_a_snapshot_error_says_what_was_wrong() -> None:
 def test_a_snapshot_keeps_what_it_knows_of_a_newer_status() -> None:
     data = b'{"version": 1, "status": {"synced": true, "since": 5}, "nodes": []}'
     assert decode_snapshot(data) == (NodeStatus(synced=True), ())
+
+
+def test_one_prepared_policy_is_kept_while_the_policy_and_the_node_list_are_the_same() -> None:
+    kept, made = Kept(), list[Prepared]()
+    other = dataclasses.replace(DEFAULT_POLICY, gpu_memory=24)
+    nodes, again = ["a"], ["a"]  # equal, but not the same list
+
+    def make(policy: Policy) -> Callable[[], Prepared]:
+        def made_one() -> Prepared:
+            made.append(Prepared(policy))
+            return made[-1]
+
+        return made_one
+
+    first = kept.get(DEFAULT_POLICY, nodes, make(DEFAULT_POLICY))
+    assert kept.get(DEFAULT_POLICY, nodes, make(DEFAULT_POLICY)) is first is kept.last
+    assert kept.get(DEFAULT_POLICY, again, make(DEFAULT_POLICY)) is not first
+    assert kept.get(other, again, make(other)).policy is other
+    assert len(made) == 3
+
+
+@pytest.mark.parametrize(
+    ("nodes", "said"),
+    [(None, "the largest GPU has 80 GiB (x)"), (1, "the largest GPU has 80 GiB (1 node of x)"),
+     (2, "the largest GPU has 80 GiB (2 nodes of x)")],
+)  # fmt: skip
+def test_the_bounds_say_where_they_come_from(nodes: int | None, said: str) -> None:
+    assert GpuBounds(80, 8, "x", nodes_with_largest=nodes).describe("GiB") == said

@@ -169,9 +169,9 @@ def test_the_threat_model_lists_every_variable_the_shim_reads() -> None:
 
 def test_the_pinned_entries_are_the_pinned_values_in_order() -> None:
     pinned = layout_of(DEFAULT_POLICY).pin("train", 4, 2, 50)
-    entries = [entry.value for entry in pinned.entries]
+    entries = list(pinned.entries)
     assert entries == [{"name": name, "value": value} for name, value in pinned.values.items()]
-    assert pinned.env.value == [
+    assert pinned.env == [
         *entries,
         {"name": "LD_PRELOAD", "value": DEFAULT_POLICY.shim.preload},
     ]

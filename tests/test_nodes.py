@@ -23,8 +23,9 @@ from tests.kubeapi import FakeApi, serve
 from tests.test_capacity import FACTS
 from webhook.cluster import informer, kube
 from webhook.decision.capacity import NodeFacts
-from webhook.decision.nodesource import NodeStatus, encode_snapshot
+from webhook.decision.nodesource import NodeStatus, encode_snapshot, prepare
 from webhook.decision.policy import DEFAULT_POLICY
+from webhook.decision.prepared import Prepared
 from webhook.serving.nodefile import SharedNodes
 
 GIB = DEFAULT_POLICY
@@ -56,8 +57,14 @@ def start_with_one_node(api: FakeApi, watcher: informer.NodeWatcher) -> None:
     eventually(lambda: sizes(watcher) == {"a": 24})
 
 
+def prepared(watcher: informer.NodeWatcher) -> Prepared:
+    """What a worker makes of the watch's snapshot (through the file, in the server)."""
+    _, status, facts = watcher.snapshot()
+    return prepare(facts, status, DEFAULT_POLICY)
+
+
 def sizes(watcher: informer.NodeWatcher) -> dict[str, int]:
-    return {n.name: n.gpu_memory for n in watcher.prepared(DEFAULT_POLICY).nodes or ()}
+    return {n.name: n.gpu_memory for n in prepared(watcher).nodes or ()}
 
 
 def test_a_broken_watch_resumes_without_a_new_list(
@@ -98,7 +105,7 @@ def test_unreachable_api_falls_back_to_the_policy_and_says_why(
                 r"\(\[Errno 111\] Connection refused\); trying again in [\d.e-]+ s",
                 record.getMessage(),
             ), record.getMessage()
-        view = watcher.prepared(DEFAULT_POLICY)
+        view = prepared(watcher)
         assert view.nodes is None
         assert view.note.startswith("GPU sizes come from the policy's gpuMemory (16 GiB)")
         assert "node list is not available" in view.note
@@ -119,7 +126,7 @@ def test_errors_keep_the_last_known_nodes_then_recover(
     eventually(lambda: "HTTP 500" in watcher.status().problem)
     assert not watcher.status().connected
     assert sizes(watcher) == {"a": 24}  # last good state, not the policy
-    assert watcher.prepared(DEFAULT_POLICY).note == ""
+    assert prepared(watcher).note == ""
     api.fail_next = 0
     eventually(lambda: sizes(watcher) == {"a": 24, "b": 40})
     eventually(lambda: watcher.status().connected and not watcher.status().problem)
@@ -134,22 +141,12 @@ def test_a_slow_api_does_not_block_reviews(
     watcher.request_timeout = 0.3  # the API answers slower than the watch waits
     watcher.start()
     started = time.monotonic()
-    view = watcher.prepared(DEFAULT_POLICY)  # answered at once, from what is known
+    view = prepared(watcher)  # answered at once, from what is known
     assert time.monotonic() - started < 0.1
     assert view.nodes is None
     eventually(lambda: "cannot reach" in watcher.status().problem)
     api.delay = 0
     eventually(lambda: sizes(watcher) == {"a": 24})
-
-
-def test_start_and_wait_gives_up_on_a_silent_api(
-    cluster: tuple[FakeApi, Path], watcher: informer.NodeWatcher
-) -> None:
-    api, _ = cluster
-    api.delay = 1.5  # slower than the wait below, faster than the client's timeout
-    watcher.start_and_wait(timeout=0.2)
-    assert not watcher.status().tried  # the worker goes on, falling back as usual
-    eventually(lambda: watcher.status().synced)
 
 
 def write_snapshot(path: Path, status: NodeStatus, facts: tuple[NodeFacts, ...] = ()) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import GPU, apply, container, env_of, pod
-from webhook.decision.capacity import GpuNode, limits_over
+from webhook.decision.capacity import GpuNode, bounds_over
 from webhook.decision.plan import (
     STATUS_ANNOTATION,
     WOULD_REFUSE,
@@ -339,7 +339,7 @@ def test_shape_errors_are_400_and_name_the_field() -> None:
 
 def test_demand_is_what_the_scheduler_reserves() -> None:
     apps = (container("a", gpu="4"), container("b", gpu="6"))
-    assert decide(pod(*apps, init=[container("i", gpu="8")])).demand == 10
+    assert decide(pod(*apps, init=[container("i", gpu="8")])).gpu_pod.held_per_gpu == 10
     assert decide(pod(container("a", gpu="16"))).allowed
     assert not decide(pod(container("a", gpu="16"), container("b", gpu="1"))).allowed
     # The extender reserves the app containers' sum: an init container above it is refused.
@@ -347,7 +347,7 @@ def test_demand_is_what_the_scheduler_reserves() -> None:
     assert decide(bigger_init).reason == "init-exceeds-reservation"
     # ACK's scheduler counts like kube-scheduler: the larger of the sum and the largest init.
     ack = parse_policy({"scheduler": "ack"})
-    assert plan(bigger_init, Prepared(ack), namespace="team-a").demand == 12
+    assert plan(bigger_init, Prepared(ack), namespace="team-a").gpu_pod.held_per_gpu == 12
 
 
 def test_excluded_namespace_is_untouched() -> None:
@@ -443,9 +443,9 @@ def test_limits_follow_node_selection(
     for nodes in (NODES, NODES[::-1]):
         prepared = Prepared(DEFAULT_POLICY, nodes)
         for limits in (
-            limits_over(spec, nodes, DEFAULT_POLICY),
-            prepared.limits(spec),
-            prepared.limits(spec),
+            bounds_over(spec, nodes, DEFAULT_POLICY),
+            prepared.bounds(spec),
+            prepared.bounds(spec),
         ):
             assert (limits.largest_gpu, limits.nodes_with_largest, limits.max_gpus) == (
                 largest,
@@ -457,28 +457,28 @@ def test_limits_follow_node_selection(
 def test_a_prepared_policy_keeps_bounds_by_placement_for_its_own_node_list() -> None:
     spec = {"nodeSelector": {"pool": "t4"}}
     before = Prepared(DEFAULT_POLICY, NODES)
-    assert before.limits(spec).largest_gpu == 16
-    assert before.limits({}).largest_gpu == 80
+    assert before.bounds(spec).largest_gpu == 16
+    assert before.bounds({}).largest_gpu == 80
     bigger = [*NODES, GpuNode("t4-big", 24, 1, {"pool": "t4"}), GpuNode("h100", 94, 8, {})]
     after = Prepared(DEFAULT_POLICY, bigger)
-    assert after.limits(spec).largest_gpu == 24
-    assert after.limits({}).largest_gpu == 94
-    assert before.limits(spec).largest_gpu == 16  # each list its own bounds
+    assert after.bounds(spec).largest_gpu == 24
+    assert after.bounds({}).largest_gpu == 94
+    assert before.bounds(spec).largest_gpu == 16  # each list its own bounds
     # The same selector written in another key order is the same placement.
     both = {"nodeSelector": {"zone": "z1", "pool": "t4"}}
     again = {"nodeSelector": {"pool": "t4", "zone": "z1"}}
-    assert after.limits(both) is after.limits(again)
-    assert after.limits(both).largest_gpu == 16
+    assert after.bounds(both) is after.bounds(again)
+    assert after.bounds(both).largest_gpu == 16
     # The node affinity is part of the placement: no selector, other affinities.
     t4_only = {"affinity": _affinity("pool", "In", ["t4"])}
     a100_only = {"affinity": _affinity("pool", "In", ["a100"])}
-    assert after.limits(t4_only).largest_gpu == 24
-    assert after.limits(a100_only).largest_gpu == 80
+    assert after.bounds(t4_only).largest_gpu == 24
+    assert after.bounds(a100_only).largest_gpu == 80
 
 
 def test_a_prepared_policy_without_nodes_bounds_by_the_policy() -> None:
     policy = parse_policy({"gpuMemory": 40})
-    assert Prepared(policy, note="no node list").limits({}).largest_gpu == 40
+    assert Prepared(policy, note="no node list").bounds({}).largest_gpu == 40
     assert Prepared(policy, []).nodes is None
 
 
@@ -494,11 +494,11 @@ def _affinity(key: str, operator: str, values: list[str]) -> dict[str, Any]:
 
 def test_cluster_limits_reach_the_message() -> None:
     obj = pod(container(gpu="24"), nodeSelector={"pool": "t4"})
-    decision = decide(obj, limits=limits_over(obj["spec"], NODES, DEFAULT_POLICY))
+    decision = decide(obj, bounds=bounds_over(obj["spec"], NODES, DEFAULT_POLICY))
     assert not decision.allowed
     assert "16 GiB (1 node of the GPU nodes this pod's node selector allows)" in decision.message
     big = pod(container(gpu="24"))
-    assert decide(big, limits=limits_over(big["spec"], NODES, DEFAULT_POLICY)).allowed
+    assert decide(big, bounds=bounds_over(big["spec"], NODES, DEFAULT_POLICY)).allowed
 
 
 def test_proportional_compute_uses_the_largest_gpu() -> None:
@@ -646,8 +646,8 @@ def test_one_prepared_policy_answers_each_pod_as_a_fresh_one_would() -> None:
     for obj in [*pods, *reversed(pods)]:
         alone = Prepared(DEFAULT_POLICY, NODES)
         spec = obj["spec"]
-        got = plan(obj, shared, namespace="team-a", limits=shared.limits(spec))
-        expected = plan(obj, alone, namespace="team-a", limits=alone.limits(spec))
+        got = plan(obj, shared, namespace="team-a", bounds=shared.bounds(spec))
+        expected = plan(obj, alone, namespace="team-a", bounds=alone.bounds(spec))
         assert (got.outcome, got.message, got.patch) == (
             expected.outcome,
             expected.message,
@@ -664,3 +664,10 @@ def test_the_patch_as_json_data_is_a_copy_of_its_own() -> None:
             op["value"].clear()
     assert decision.patch != first
     assert all(op.get("value") != [] for op in decision.patch)
+
+
+def test_the_visible_devices_advice_reads_the_containers_limit_of_gpu_memory() -> None:
+    env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    requested = container("a", env=env, resources={"requests": {"aliyun.com/gpu-mem": "4"}})
+    messages = [p.message for p in decide(pod(requested)).problems]
+    assert any("remove the variable and ask for aliyun.com/gpu-mem" in m for m in messages)

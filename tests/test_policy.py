@@ -9,7 +9,14 @@ import pytest
 import yaml
 
 from tests.helpers import rewrite_case
-from webhook.decision.policy import DEFAULT_POLICY, dump_policy, parse_policy, parse_policy_text
+from webhook.decision.keys import document
+from webhook.decision.policy import (
+    DEFAULT_POLICY,
+    dump_policy,
+    folder,
+    parse_policy,
+    parse_policy_text,
+)
 from webhook.errors import PolicyError
 
 
@@ -19,7 +26,7 @@ def test_empty_document_is_the_defaults() -> None:
 
 
 def test_defaults_match_the_documented_ones() -> None:
-    doc = DEFAULT_POLICY.to_document()
+    doc = document(DEFAULT_POLICY)
     assert doc["scheduler"] == "gpushare-extender"
     assert doc["schedulerName"] == "default-scheduler"
     assert doc["resourceName"] == "aliyun.com/gpu-mem"
@@ -157,7 +164,7 @@ def test_namespace_settings_round_trip_in_name_order() -> None:
     policy = parse_policy_text(text)
     assert [name for name, _ in policy.namespaces.items] == ["team-a", "team-b"]
     assert parse_policy_text(dump_policy(policy)) == policy
-    assert policy.to_document()["namespaces"] == {
+    assert document(policy)["namespaces"] == {
         "team-a": {"enforcement": "enforce"},
         "team-b": {"enforcement": "warn"},
     }
@@ -199,3 +206,11 @@ def test_policy_show_prints_every_key_on_one_line_and_namespaces_by_name() -> No
         "    enforcement: warn               # enforce (refuse) or warn (admit, with a warning "
         "per refusal)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("path", "folder_of"),
+    [("/a/b", "/a/b/"), ("/a/b//", "/a/b/"), ("/opt/X", "/opt/X/"), ("/", "/")],
+)
+def test_a_folder_has_one_trailing_slash(path: str, folder_of: str) -> None:
+    assert folder(path) == folder_of

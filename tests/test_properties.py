@@ -82,18 +82,18 @@ def test_patch_applies_validates_and_is_a_fixed_point(obj: dict[str, Any]) -> No
         # A drawn pod may fail only for not fitting one GPU, or for an init
         # container asking more than the extender reserves (the app containers' sum).
         assert decision.reason in {"exceeds-gpu", "init-exceeds-reservation"}, decision.message
-        assert decision.demand == 0
+        assert decision.gpu_pod.held_per_gpu == 0
         return
     out = apply(obj, list(decision.patch))
     kubernetes_validate.validate(out, K8S_VERSION, strict=True)
     again = plan(out, Prepared(DEFAULT_POLICY))
     assert again.allowed
     assert again.patch == (), again.patch
-    assert decision.demand <= DEFAULT_POLICY.gpu_memory
+    assert decision.gpu_pod.held_per_gpu <= DEFAULT_POLICY.gpu_memory
     for ask in decision.asks:
         container = out["spec"][ask.kind][ask.position]
         env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["CUDA_DEVICE_MEMORY_LIMIT"] == f"{ask.memory * 1024}m"
+        assert env["CUDA_DEVICE_MEMORY_LIMIT"] == f"{ask.memory_per_gpu * 1024}m"
         assert env["LD_PRELOAD"].split(":")[0] == DEFAULT_POLICY.shim.preload
         names = [e["name"] for e in container["env"]]
         assert names.count("LD_PRELOAD") == 1

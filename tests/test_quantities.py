@@ -6,7 +6,17 @@ from fractions import Fraction
 
 import pytest
 
-from webhook.decision.quantities import Quantity, parse_quantity, plain_count, whole_count
+from webhook.decision.quantities import (
+    BYTES_PER_MIB,
+    MIB_PER_UNIT,
+    Quantity,
+    go_value,
+    limit_mib,
+    limit_text,
+    parse_quantity,
+    plain_count,
+    whole_count,
+)
 from webhook.errors import QuantityError
 
 PARSES = [
@@ -197,3 +207,27 @@ def test_whole_count_names_the_place_and_the_unit() -> None:
     assert str(caught.value) == (
         "container 'a' limit r: 'x' is not a Kubernetes quantity; write a whole number of GPUs"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [("4096m", 4096), ("0m", 0), ("4096", None), ("m", None), ("4Gm", None), ("-1m", None),
+     (4096, None), (None, None), ("4096M", None)],
+)  # fmt: skip
+def test_the_limit_text_is_written_once_and_read_back(text: object, mib: int | None) -> None:
+    assert limit_mib(text) == mib
+    if mib is not None:
+        assert limit_text(mib) == text
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [("16", 16), ("1500m", 2), ("1k", 1000), ("1Ki", 1024), ("0", 0),
+     ("lots", 0), (None, 0), (8, 8)],
+)  # fmt: skip
+def test_a_quantity_reads_as_gos_value_rounded_up(raw: object, value: int) -> None:
+    assert go_value(raw) == value
+
+
+def test_mib_per_unit() -> None:
+    assert (MIB_PER_UNIT["GiB"], MIB_PER_UNIT["MiB"], BYTES_PER_MIB) == (1024, 1, 2**20)

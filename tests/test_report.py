@@ -78,7 +78,11 @@ def test_the_report_gives_the_answer_the_extenders_inspect_endpoint_gives() -> N
                         "totalGPU": gpu["total"],
                         "usedGPU": gpu["used"],
                         "pods": [
-                            {"name": p["name"], "namespace": p["namespace"], "usedGPU": p["limit"]}
+                            {
+                                "name": p["name"],
+                                "namespace": p["namespace"],
+                                "usedGPU": p["heldPerGpu"],
+                            }
                             for p in gpu["pods"]
                         ],
                     }
@@ -377,7 +381,7 @@ def test_what_the_extender_counts(
     assert bool(record.unaccounted) == unaccounted
     if counted is not None:
         (reservation,) = record.gpus[counted].pods
-        assert reservation.limit == 4  # the app containers' limits; init ones never count
+        assert reservation.held_per_gpu == 4  # the app containers' limits; init ones never count
     assert found.elsewhere == (placed["spec"]["nodeName"] == "elsewhere")
 
 
@@ -386,8 +390,8 @@ def test_a_node_without_gpu_memory_is_no_gpu_node_and_quantities_read_as_go_read
     found = reserved.account(nodes, [_placed("1500m", node="big")], DEFAULT_POLICY)
     (big,) = found.nodes  # "cpu" reports no GPU memory
     assert (big.capacity.total, big.capacity.per_gpu) == (1000, 333)
-    (reservation,) = big.gpus[0].pods
-    assert reservation.limit == 2  # Quantity.Value() rounds up
+    (reservation,) = big.gpus[0].pods  # the extender counts it: Quantity.Value() rounds up
+    assert reservation.held_per_gpu == 0  # but its ask is no whole count: the model holds none
 
 
 def test_why_a_bound_pod_is_not_counted_is_said() -> None:

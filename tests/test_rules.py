@@ -91,7 +91,7 @@ def _set_up(op: dict[str, Any], prepared: Prepared) -> bool:
     path, value, layout = op["path"], op.get("value"), prepared.layout
     if op["op"] != "add":
         return False
-    volumes, mounts = layout.all_volumes.value, layout.all_mounts.value
+    volumes, mounts = layout.all_volumes, layout.all_mounts
     return (
         (path == "/spec/schedulerName" and value == prepared.policy.scheduler_name)
         or (path == "/spec/volumes" and value == volumes)

@@ -10,6 +10,7 @@ from webhook.node.scraped import Used, containers
 from webhook.report.top import Top, as_json, as_table, build_top
 
 GIB, MIB = 2**30, 2**20
+GPU = "aliyun.com/gpu-mem"
 
 
 def _line(name: str, pod: str, container: str, value: str, device: str = "device") -> str:
@@ -57,9 +58,13 @@ def _pod(name: str, node: str | None, *, gpu: str | None = "0", reserved: str | 
     if reserved is not None:
         annotations["ALIYUN_COM_GPU_MEM_POD"] = reserved
     meta = {"uid": f"uid-{name}", "namespace": "ml", "name": name, "annotations": annotations}
+    # The limit is what the scheduler holds for the pod, from its model: 4 + 1 GiB.
+    asks = [
+        {"name": n, "resources": {"limits": {GPU: m}}} for n, m in (("main", "4"), ("side", "1"))
+    ]
     return {
         "metadata": meta,
-        "spec": {"nodeName": node} if node else {},
+        "spec": {"containers": asks, **({"nodeName": node} if node else {})},
         "status": {"phase": phase},
     }
 

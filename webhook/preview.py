@@ -18,8 +18,7 @@ from typing import Any
 
 import jsonpatch
 
-from webhook.decision.plan import Decision, plan
-from webhook.decision.prepared import Prepared
+from webhook.decision import Decision, Prepared, decide
 
 Path = tuple[str, ...]  # keys from the document to a pod template; "*" is every item
 _TEMPLATE: Path = ("spec", "template")
@@ -230,7 +229,7 @@ def _plan_templates(
         if not isinstance(pod, Mapping):
             result.notes.append(f"{result.label}: {'.'.join(at)} is not a pod template")
             continue
-        decision = plan(pod, prepared, namespace=namespace)
+        decision = decide(pod, prepared, namespace=namespace)
         result.decisions.append((".".join(at), decision))
         prefix = _pointer(at)
         ops += [{**op, "path": prefix + op["path"]} for op in decision.patch]

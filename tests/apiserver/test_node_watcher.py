@@ -17,7 +17,9 @@ from tests.apiserver.helpers import delete_nodes, put_node
 from tests.controlplane.install import Installed, service_account_kubeconfig
 from tests.helpers import eventually
 from webhook.cluster import informer, kube
+from webhook.decision.nodesource import prepare
 from webhook.decision.policy import DEFAULT_POLICY as GIB
+from webhook.decision.prepared import Prepared
 
 
 def start(kubeconfig: Path) -> informer.NodeWatcher:
@@ -37,8 +39,14 @@ def watcher(installed: Installed) -> Iterator[informer.NodeWatcher]:
     delete_nodes(installed.api, seen_by=installed.server)
 
 
+def prepared(watcher: informer.NodeWatcher) -> Prepared:
+    """What a worker makes of the watch's snapshot (through the file, in the server)."""
+    _, status, facts = watcher.snapshot()
+    return prepare(facts, status, GIB)
+
+
 def sizes(watcher: informer.NodeWatcher) -> dict[str, int]:
-    return {n.name: n.gpu_memory for n in watcher.prepared(GIB).nodes or ()}
+    return {n.name: n.gpu_memory for n in prepared(watcher).nodes or ()}
 
 
 def test_lists_then_follows_added_modified_and_deleted_nodes(
@@ -83,7 +91,7 @@ def test_no_gpu_node_falls_back_to_the_policy(
     put_node(installed.api, "cpu", memory=0, count=0)
     watcher.start()
     eventually(lambda: watcher.status().synced)
-    view = watcher.prepared(GIB)
+    view = prepared(watcher)
     assert view.nodes is None
     assert "no node reports aliyun.com/gpu-mem" in view.note
 
@@ -96,7 +104,7 @@ def test_forbidden_names_the_missing_permission(installed: Installed) -> None:
     try:
         eventually(lambda: "forbidden" in watcher.status().problem)
         assert "'list' and 'watch' on nodes" in watcher.status().problem
-        assert "forbidden" in watcher.prepared(GIB).note
+        assert "forbidden" in prepared(watcher).note
         assert not watcher.status().connected
     finally:
         watcher.stop()
@@ -111,16 +119,8 @@ def test_limits_narrow_to_the_pool_a_pod_selects(
     put_node(api, "a100-2", memory=160, count=2, labels={"pool": "a100"})
     watcher.start()
     eventually(lambda: len(sizes(watcher)) == 3)
-    prepared = watcher.prepared(GIB)
-    everywhere = prepared.limits({})
+    view = prepared(watcher)
+    everywhere = view.bounds({})
     assert (everywhere.largest_gpu, everywhere.nodes_with_largest) == (80, 2)
-    t4 = prepared.limits({"nodeSelector": {"pool": "t4"}})
+    t4 = view.bounds({"nodeSelector": {"pool": "t4"}})
     assert (t4.largest_gpu, t4.nodes_with_largest) == (16, 1)
-
-
-def test_start_and_wait_returns_once_the_first_list_is_in(
-    installed: Installed, watcher: informer.NodeWatcher
-) -> None:
-    put_node(installed.api, "a", memory=24, count=1)
-    watcher.start_and_wait(timeout=10)
-    assert sizes(watcher) == {"a": 24}  # no waiting after it: the nodes are known

@@ -214,8 +214,13 @@ def wait_webhook_sees(installed: Installed, *, largest_gib: int) -> None:
     """Until the webhook's node watch checks pods against a largest GPU of ``largest_gib``."""
 
     def seen() -> bool:
-        metrics = installed.server.metrics()
-        return metrics.get("gpushare_largest_gpu_memory_bytes") == largest_gib * 2**30
+        # Each scrape is answered by one worker, and each worker follows the node
+        # snapshot on its own: several scrapes in a row reach every worker.
+        return all(
+            installed.server.metrics().get("gpushare_largest_gpu_memory_bytes")
+            == largest_gib * 2**30
+            for _ in range(6)
+        )
 
     eventually(seen, timeout=30)
 

@@ -106,7 +106,7 @@ def test_the_report_and_the_extender_agree_on_every_node_and_gpu(
         assert node["free"] == sum(dev["totalGPU"] - dev["usedGPU"] for dev in devs), name
         assert [
             (d["index"], d["total"], d["used"], d["free"],
-             sorted((p["namespace"], p["name"], p["limit"]) for p in d["pods"]))
+             sorted((p["namespace"], p["name"], p["heldPerGpu"]) for p in d["pods"]))
             for d in node["devices"]
         ] == [
             (dev["id"], dev["totalGPU"], dev["usedGPU"], dev["totalGPU"] - dev["usedGPU"],

@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
+from collections.abc import Callable
 from typing import NoReturn, TypeAlias
 
 from webhook import __version__
 
 EXIT_OK, EXIT_REJECTED, EXIT_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+AGENT_SELECTOR = "app.kubernetes.io/name=gpushare-webhook-node-agent"  # the DaemonSet's pods
 
 _DURATION = re.compile(r"(\d+)([dhm])")
 
@@ -107,7 +109,10 @@ class OneLineParser(argparse.ArgumentParser):
 Commands: TypeAlias = "argparse._SubParsersAction[OneLineParser]"
 
 
-def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
+def build_parser(
+    prog: str, *, top: Callable[[OneLineParser], None], node: Callable[[Commands], None]
+) -> argparse.ArgumentParser:
+    """Every command's flags; ``top`` and ``node`` are added by their own modules' functions."""
     parser = OneLineParser(
         prog=prog,
         description="Kubernetes admission webhook that makes GPU sharing safe.",
@@ -118,14 +123,14 @@ def build_parser(prog: str = "gpushare-webhook") -> argparse.ArgumentParser:
         _serve_command,
         _mutate_command,
         _report_command,
-        _top_command,
+        lambda sub: top(
+            sub.add_parser("top", help="GPU memory per node, GPU and pod: reserved, limit, used")
+        ),
         _certs_command,
         _policy_command,
     ):
         add(sub)
-    from webhook.cli.node import add_parser  # it imports this module's exit codes
-
-    add_parser(sub)
+    node(sub)
     return parser
 
 
@@ -307,18 +312,7 @@ def _report_command(sub: Commands) -> None:
     )
     report.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
     report.add_argument("--context", help="kubeconfig context")
-    from webhook.cli.top import add_agent_arguments  # it reads the policy: imported when used
-
     add_agent_arguments(report)  # what each pod uses, from the node agents
-
-
-def _top_command(sub: Commands) -> None:
-    """``top`` and its flags (``webhook.cli.top`` owns them)."""
-    from webhook.cli.top import add_arguments
-
-    add_arguments(
-        sub.add_parser("top", help="GPU memory per node, GPU and pod: reserved, limit, used")
-    )
 
 
 def _certs_command(sub: Commands) -> None:
@@ -386,3 +380,26 @@ def service_names(service: str, namespace: str) -> list[str]:
         f"{service}.{namespace}.svc",
         f"{service}.{namespace}.svc.cluster.local",
     ]
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the node agents are, for ``top`` and ``report``."""
+    parser.add_argument(
+        "--agent-namespace",
+        default="gpushare-system",
+        metavar="NS",
+        help="the node agents' namespace (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--agent-selector",
+        default=AGENT_SELECTOR,
+        metavar="LABELS",
+        help="the node agents' pods (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--agent-port",
+        type=int,
+        default=9394,
+        metavar="PORT",
+        help="their metrics port (default: %(default)s)",
+    )

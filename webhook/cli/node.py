@@ -19,8 +19,7 @@ from typing import Any, NamedTuple
 
 from webhook.cli import node_metrics, node_regions
 from webhook.cli.args import EXIT_OK, positive_seconds
-from webhook.decision.affinity import SHIM_LABEL
-from webhook.decision.policy import DEFAULT_POLICY, Policy
+from webhook.decision import DEFAULT_POLICY, SHIM_LABEL, Policy
 from webhook.errors import InputError
 from webhook.node.agent import Target, install_shim, run
 

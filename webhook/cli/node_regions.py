@@ -13,7 +13,7 @@ import argparse
 import time
 
 from webhook.cli.args import EXIT_OK
-from webhook.decision.contract import REGION_DIR
+from webhook.decision import REGION_DIR
 from webhook.node.regioninit import initialise, parse_limits
 
 

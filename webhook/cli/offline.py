@@ -12,9 +12,7 @@ from typing import Any, TextIO
 import yaml
 
 from webhook.cli.args import EXIT_OK, EXIT_REJECTED
-from webhook.decision.guard import guard
-from webhook.decision.plan import WOULD_REFUSE
-from webhook.decision.policy import DEFAULT_POLICY, Policy, dump_policy
+from webhook.decision import DEFAULT_POLICY, Policy, dump_policy, make_guard
 from webhook.errors import InputError
 from webhook.serving.runtime import read_policy
 
@@ -87,7 +85,7 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
 
 
 def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
-    from webhook.decision.prepared import Prepared
+    from webhook.decision import Prepared
     from webhook.preview import preview
 
     prepared = Prepared(_policy(args.policy))
@@ -108,9 +106,8 @@ def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: 
             verdict = "rejected" if not decision.allowed else "warned"
             for problem in decision.problems:
                 print(f"{verdict}: {label}: {problem.message}", file=stderr)
-            for warning in decision.warnings:
-                if not warning.startswith(WOULD_REFUSE):  # said just above
-                    print(f"warning: {label}: {warning}", file=stderr)
+            for note in decision.notes:  # its problems are said just above
+                print(f"warning: {label}: {note}", file=stderr)
         if not result.rejected:
             kept.append(result)
     if args.output == "patch":
@@ -139,7 +136,7 @@ def cmd_policy(args: argparse.Namespace) -> int:
         print(f"{args.file}: policy is valid")
         return EXIT_OK
     if args.policy_command == "guard":
-        sys.stdout.write(dump_guard(guard(_policy(args.file), namespace=args.namespace)))
+        sys.stdout.write(dump_guard(make_guard(_policy(args.file), namespace=args.namespace)))
         return EXIT_OK
     sys.stdout.write(dump_policy(_policy(args.file)))
     return EXIT_OK

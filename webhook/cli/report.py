@@ -18,16 +18,19 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from webhook.cli.args import EXIT_OK, EXIT_REJECTED
 from webhook.cli.offline import read_documents
-from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
+from webhook.decision import DEFAULT_POLICY, Policy, parse_policy_text
 from webhook.errors import InputError, KubeError
 from webhook.report.findings import build_report
 from webhook.report.objects import sort_objects
 from webhook.report.render import as_json, as_table
 from webhook.serving.runtime import read_policy
+
+if TYPE_CHECKING:
+    from webhook.node.scraped import Used
 
 
 def _now() -> datetime:
@@ -73,7 +76,6 @@ Usage = dict[tuple[str, str], int]
 
 def _usage(api: Any, args: argparse.Namespace, notes: list[str]) -> Usage:
     """GPU memory used per pod (namespace, name), as the node agents report it."""
-    from webhook.cli.top import agent_reports
     from webhook.report.top import used_by_pod
 
     reports = agent_reports(api, args)
@@ -123,3 +125,23 @@ def emit(output: str, data: Callable[[], Any], text: Callable[[], str], stdout: 
         stdout.write("\n")
     else:
         stdout.write(text())
+
+
+def agent_reports(api: Any, args: argparse.Namespace) -> dict[str, list[Used] | str]:
+    """Per node: what its agent reports, or why it could not be read."""
+    from webhook.cluster.nodepods import agent_metrics, list_pods
+    from webhook.node.scraped import containers  # prometheus_client's parser: only here
+
+    reports: dict[str, list[Used] | str] = {}
+    for agent in list_pods(api, namespace=args.agent_namespace, selector=args.agent_selector):
+        node = (agent.get("spec") or {}).get("nodeName")
+        name = (agent.get("metadata") or {}).get("name")
+        if not node or not name:
+            continue
+        try:
+            reports[node] = containers(
+                agent_metrics(api, args.agent_namespace, name, args.agent_port)
+            )
+        except (KubeError, InputError) as error:  # one node's agent away: the others still count
+            reports[node] = f"agent {args.agent_namespace}/{name}: {error}"
+    return reports

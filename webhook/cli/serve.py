@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from webhook.cli.args import EXIT_OK
-from webhook.decision.nodesource import NodeSource
+from webhook.decision import NodeSource
 
 if TYPE_CHECKING:
     from webhook.cluster.watchprocess import NodeWatch
@@ -113,7 +113,7 @@ def _node_source(
 ) -> tuple[NodeSource, NodeWatch | None, Callable[[], tuple[bool, str]] | None]:
     """Where workers learn the GPU nodes: the one node watch process of the server (made,
     not started: its directory added to ``owned``) and its liveness, or none with no watch."""
-    from webhook.decision.nodesource import NoNodes
+    from webhook.decision import NoNodes
 
     if not args.watch_nodes:
         return NoNodes(), None, None

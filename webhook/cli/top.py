@@ -10,14 +10,10 @@ pods could not be asked or a region was tampered with; 2 on an error.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TextIO
 
-from webhook.errors import InputError, KubeError
-
-if TYPE_CHECKING:
-    from webhook.node.scraped import Used
-
-AGENT_SELECTOR = "app.kubernetes.io/name=gpushare-webhook-node-agent"  # the DaemonSet's pods
+from webhook.cli.args import EXIT_OK, EXIT_REJECTED, add_agent_arguments
+from webhook.cli.report import agent_reports, cluster_policy, emit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,52 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", help="kubeconfig context")
 
 
-def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
-    """Where the node agents are, for ``top`` and ``report``."""
-    parser.add_argument(
-        "--agent-namespace",
-        default="gpushare-system",
-        metavar="NS",
-        help="the node agents' namespace (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--agent-selector",
-        default=AGENT_SELECTOR,
-        metavar="LABELS",
-        help="the node agents' pods (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--agent-port",
-        type=int,
-        default=9394,
-        metavar="PORT",
-        help="their metrics port (default: %(default)s)",
-    )
-
-
-def agent_reports(api: Any, args: argparse.Namespace) -> dict[str, list[Used] | str]:
-    """Per node: what its agent reports, or why it could not be read."""
-    from webhook.cluster.nodepods import agent_metrics, list_pods
-    from webhook.node.scraped import containers  # prometheus_client's parser: only here
-
-    reports: dict[str, list[Used] | str] = {}
-    for agent in list_pods(api, namespace=args.agent_namespace, selector=args.agent_selector):
-        node = (agent.get("spec") or {}).get("nodeName")
-        name = (agent.get("metadata") or {}).get("name")
-        if not node or not name:
-            continue
-        try:
-            reports[node] = containers(
-                agent_metrics(api, args.agent_namespace, name, args.agent_port)
-            )
-        except (KubeError, InputError) as error:  # one node's agent away: the others still count
-            reports[node] = f"agent {args.agent_namespace}/{name}: {error}"
-    return reports
-
-
 def cmd_top(args: argparse.Namespace, stdout: TextIO) -> int:
-    from webhook.cli.args import EXIT_OK, EXIT_REJECTED
-    from webhook.cli.report import cluster_policy, emit
     from webhook.cluster import kube
     from webhook.cluster.nodepods import list_pods
     from webhook.report.top import as_json, as_table, build_top

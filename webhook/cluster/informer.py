@@ -24,10 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook.cluster import kube
-from webhook.decision.capacity import NodeFacts
-from webhook.decision.nodesource import NodeStatus, facts_of, prepare
-from webhook.decision.policy import Policy
-from webhook.decision.prepared import Prepared
+from webhook.decision import NodeFacts, NodeStatus, facts_of
 
 log = logging.getLogger("gpushare_webhook.nodes")
 
@@ -93,10 +90,8 @@ class NodeWatcher:
         self._lock = threading.Lock()
         self._facts: dict[str, NodeFacts] = {}
         self._version = 0  # bumps on every change of _facts or of the status
-        self._last: tuple[int, Prepared] | None = None
         self._status = NodeStatus(watching=True, problem="node list not read yet")
         self._stop = threading.Event()
-        self._tried = threading.Event()  # set once the first list has been answered or failed
         self._api: client.ApiClient | None = None
         self._stream: Any = None  # the watch's response, closed to stop it
         self._thread: threading.Thread | None = None
@@ -118,32 +113,12 @@ class NodeWatcher:
         with self._lock:
             return self._version, self._status, tuple(self._facts.values())
 
-    def prepared(self, policy: Policy) -> Prepared:
-        last = self._last
-        if last is not None and last[0] == self._version and last[1].policy is policy:
-            return last[1]
-        version, status, facts = self.snapshot()
-        result = prepare(facts, status, policy)
-        self._last = (version, result)
-        return result
-
     # -- the watch (its own thread) --
 
     def start(self) -> None:
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="node-watch", daemon=True)
         self._thread.start()
-
-    def start_and_wait(self, timeout: float = 5.0) -> None:
-        """Start, and give the first list up to ``timeout`` to arrive.
-
-        Waiting here, before the server takes connections, keeps it from
-        bounding pods by the policy's guess while the cluster's answer is a
-        few ms away. An API that does not answer in time only delays the
-        start, and reviews then fall back as usual.
-        """
-        self.start()
-        self._tried.wait(timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -163,8 +138,6 @@ class NodeWatcher:
         with self._lock:
             self._status = dataclasses.replace(old, **changes)
             self._version += 1
-        if self._status.tried:
-            self._tried.set()
         if old.problem and not self._status.problem:
             log.info("node watch: connected again, %d nodes known", self._status.nodes)
 

@@ -37,8 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from webhook.decision.capacity import NodeFacts
-from webhook.decision.nodesource import NodeStatus, decode_snapshot, encode_snapshot
+from webhook.decision import NodeFacts, NodeStatus, decode_snapshot, encode_snapshot
 from webhook.errors import KubeError, SnapshotError
 
 log = logging.getLogger("gpushare_webhook.nodes")

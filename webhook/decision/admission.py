@@ -89,8 +89,8 @@ def decide(request: Request, prepared: Prepared) -> Decision:
     if request["operation"] != "CREATE":
         return untouched(Reason.NOT_CREATE)
     spec = pod.get("spec") if isinstance(pod, dict) else None
-    limits = prepared.limits(spec if isinstance(spec, dict) else {})
-    return plan(pod, prepared, namespace=namespace, limits=limits)
+    bounds = prepared.bounds(spec if isinstance(spec, dict) else {})
+    return plan(pod, prepared, namespace=namespace, bounds=bounds)
 
 
 def admit(body: bytes, prepared: Prepared) -> Result:
@@ -113,7 +113,7 @@ def admit(body: bytes, prepared: Prepared) -> Result:
         decision = decide(request, prepared)
         note = prepared.note
         if note and decision.outcome != "untouched":
-            decision = dataclasses.replace(decision, warnings=(*decision.warnings, note))
+            decision = dataclasses.replace(decision, notes=(*decision.notes, note))
         answer = _respond(uid, decision)
     except Exception as error:  # a bug must become a denial, never a dropped pod
         # NB: like controller-runtime's panic recovery, the failure is answered

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from webhook.decision.capacity import GpuLimits
+from webhook.decision.capacity import GpuBounds
 from webhook.decision.fields import container_label, containers, label, mapping
 from webhook.decision.policy import Policy
 from webhook.decision.quantities import MemoryUnit, parse_quantity, plain_count, whole_count
@@ -32,7 +32,7 @@ class ContainerAsk(NamedTuple):
     kind: str  # "containers" or "initContainers"
     position: int  # in spec.<kind>
     name: str
-    memory: int  # GPU memory per device, in the policy's unit
+    memory_per_gpu: int  # GPU memory on each of its GPUs, in the policy's unit
     gpus: int
     compute: int | None  # SM percentage to enforce, None for no limit
     compute_asked: bool = False  # the container asked it (else: the policy's default, or none)
@@ -101,7 +101,7 @@ def _same_quantity(a: object, b: object) -> bool:
 def collect_asks(
     spec: Mapping[str, Any],
     policy: Policy,
-    limits: GpuLimits,
+    bounds: GpuBounds,
     labels: Mapping[str, Any],
     found: list[PodError],
 ) -> list[ContainerAsk]:
@@ -134,7 +134,7 @@ def collect_asks(
     asks = []
     for kind, index, container in every:
         try:
-            ask = _ask(kind, index, container, policy, limits, pod_gpus=pod_gpus)
+            ask = _ask(kind, index, container, policy, bounds, pod_gpus=pod_gpus)
         except PodError as error:
             found.append(error)
             continue
@@ -148,7 +148,7 @@ def _ask(
     index: int,
     container: Mapping[str, Any],
     policy: Policy,
-    limits: GpuLimits,
+    bounds: GpuBounds,
     *,
     pod_gpus: int | None,
 ) -> ContainerAsk | None:
@@ -156,10 +156,10 @@ def _ask(
     memory_name = policy.resource_name
     compute_name = policy.compute.resource_name
     count_name = policy.multi_gpu.resource_name
-    limits_, requests = _resources(container, kind, index)
-    memory_raw = _resource(limits_, requests, kind, container, memory_name)
-    compute_raw = _resource(limits_, requests, kind, container, compute_name)
-    count_raw = _resource(limits_, requests, kind, container, count_name)
+    limits, requests = _resources(container, kind, index)
+    memory_raw = _resource(limits, requests, kind, container, memory_name)
+    compute_raw = _resource(limits, requests, kind, container, compute_name)
+    count_raw = _resource(limits, requests, kind, container, count_name)
     if count_raw is not None and not policy.placed_by.spans_gpus:
         raise _one_gpu_only(
             f"{label(kind, container)} limit {count_name}", str(count_raw), policy, label_too=False
@@ -195,7 +195,7 @@ def _ask(
             compute_raw, kind, container, compute_name, unit_word="percent", maximum=100
         )
     else:
-        compute = _default_compute(memory, policy, limits)
+        compute = _default_compute(memory, policy, bounds)
     asked = compute_raw is not None
     name = str(container.get("name"))
     return ContainerAsk(kind, index, name, memory, gpus, compute, asked)
@@ -263,12 +263,12 @@ def _per_device_memory(memory: int, gpus: int, who: str, policy: Policy) -> int:
     return memory // gpus
 
 
-def _default_compute(memory: int, policy: Policy, limits: GpuLimits) -> int | None:
+def _default_compute(memory: int, policy: Policy, bounds: GpuBounds) -> int | None:
     default = policy.compute.default
     if default == "none":
         return None
     if default == "proportional":
         # NB: at least 1 (a GPU of 1 unit); at most 100, for a container asking
         # more than the GPU (refused, or under warn set up anyway).
-        return min(100, max(1, -(-memory * 100 // limits.largest_gpu)))
+        return min(100, max(1, -(-memory * 100 // bounds.largest_gpu)))
     return default

@@ -17,8 +17,7 @@ from typing import Any
 
 from webhook.decision.affinity import SHIM_LABEL
 from webhook.decision.policy import Policy
-from webhook.decision.quantities import parse_quantity
-from webhook.errors import QuantityError
+from webhook.decision.quantities import go_value
 
 
 @dataclass(frozen=True)
@@ -80,18 +79,12 @@ def uncounted(facts: Sequence[NodeFacts], policy: Policy) -> tuple[str, ...]:
 
 
 def _whole(raw: str | None) -> int:
-    """A capacity as a whole number; 0 for missing or malformed (never trusted as a size)."""
-    if raw is None:
-        return 0
-    try:
-        value = parse_quantity(raw).value
-    except QuantityError:
-        return 0
-    return max(int(value), 0)
+    """A capacity as the scheduler reads it; 0 for missing, malformed or negative."""
+    return max(go_value(raw), 0)
 
 
 @dataclass(frozen=True)
-class GpuLimits:
+class GpuBounds:
     """The bounds a pod is checked against, with words saying where they came from."""
 
     largest_gpu: int
@@ -108,9 +101,9 @@ class GpuLimits:
         return f"the largest GPU has {self.largest_gpu} {unit} ({where})"
 
 
-def limits_from_policy(policy: Policy) -> GpuLimits:
+def bounds_from_policy(policy: Policy) -> GpuBounds:
     """The bounds the policy sets, for a cluster whose GPU nodes are not known."""
-    return GpuLimits(
+    return GpuBounds(
         largest_gpu=policy.gpu_memory, max_gpus=policy.multi_gpu.max_gpus, source="policy gpuMemory"
     )
 
@@ -127,7 +120,7 @@ def placement_key(spec: Mapping[str, Any]) -> str:
 UNMATCHED = "no GPU node the cluster has now matches the pod's node selector"
 
 
-def limits_over(spec: Mapping[str, Any], nodes: Sequence[GpuNode], policy: Policy) -> GpuLimits:
+def bounds_over(spec: Mapping[str, Any], nodes: Sequence[GpuNode], policy: Policy) -> GpuBounds:
     """The bounds over the GPU nodes the pod may run on; the policy's when there are none.
 
     No GPU node matching is no reason to refuse: the pod may be meant for a
@@ -144,7 +137,7 @@ def limits_over(spec: Mapping[str, Any], nodes: Sequence[GpuNode], policy: Polic
     ]
     if not allowed:
         unmatched = UNMATCHED if label is None else f"{UNMATCHED} and carries {label}"
-        return GpuLimits(
+        return GpuBounds(
             largest_gpu=policy.gpu_memory,
             max_gpus=policy.multi_gpu.max_gpus,
             source=f"policy gpuMemory; {unmatched}",
@@ -154,7 +147,7 @@ def limits_over(spec: Mapping[str, Any], nodes: Sequence[GpuNode], policy: Polic
     if len(allowed) != len(nodes):
         source = "the GPU nodes this pod's node selector allows"
     largest = max(node.gpu_memory for node in allowed)
-    return GpuLimits(
+    return GpuBounds(
         largest_gpu=largest,
         max_gpus=max(node.gpu_count for node in allowed),
         source=source,

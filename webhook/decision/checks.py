@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from webhook.decision.asks import ContainerAsk
-from webhook.decision.fields import CONTAINER_KINDS, each_container, label, mapping
+from webhook.decision.fields import CONTAINER_KINDS, asks_resource, each_container, label, mapping
 from webhook.decision.layout import PRELOAD, Layout
 from webhook.decision.policy import Policy, folder, overlaps
 from webhook.errors import PodError, ShapeError
@@ -121,7 +121,7 @@ def check_visible_devices(
             continue
         shown = "(valueFrom)" if "valueFrom" in entry else repr(value)
         fix = f"remove the variable and ask for {policy.resource_name}"
-        if _asks(container, policy.resource_name):
+        if asks_resource(container, (policy.resource_name,), ("limits",)):
             fix = f"remove the variable: its {policy.resource_name} already gets it a GPU"
         found.append(
             PodError(
@@ -134,15 +134,9 @@ def check_visible_devices(
         return  # one per container: the fix is the same for a second entry
 
 
-def _asks(container: Mapping[str, Any], resource: str) -> bool:
-    resources = container.get("resources")
-    limits = resources.get("limits") if isinstance(resources, dict) else None
-    return isinstance(limits, dict) and resource in limits
-
-
 def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout, found: Problems) -> None:
     """The pod's own volumes: none may take a name of ours or mount the shim's host path."""
-    ours = {volume.value["name"]: volume.value for volume in layout.volumes}
+    ours = {volume["name"]: volume for volume in layout.volumes}
     for index, volume in enumerate(_listed(spec, "volumes", None, found)):
         if not isinstance(volume, dict):
             found.append(ShapeError(f"spec.volumes[{index}]", "a volume object", volume))

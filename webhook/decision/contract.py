@@ -103,10 +103,13 @@ UTILIZATION_POLICY = "GPU_CORE_UTILIZATION_POLICY"
 UTILIZATION_DEFAULT = "default"
 
 
-# NB: a fixed convention: the node reads each region at
+# A fixed convention, shared with the node agent (webhook.node.usage): the node
+# reads each region at
 # /var/lib/kubelet/pods/<pod uid>/volumes/kubernetes.io~empty-dir/<volume>/<container>.cache,
 # and the kubelet removes it with the pod.
 REGION_DIR = "/var/run/gpushare"
+REGION_SUFFIX = ".cache"
+ACCOUNTING_VOLUME = "gpushare-accounting"  # the pod's emptyDir mounted at REGION_DIR
 # The shim maps sizeof(shared_region_t) bytes, 2,008,952 at this commit (x86-64),
 # plus one byte it writes past them; a region is a sparse file, so far less is used.
 REGION_BYTES = 2_008_953
@@ -117,4 +120,4 @@ REGION_FALLBACK = "/tmp/cudevshr.cache"
 
 def region_path(container: str) -> str:
     """The accounting region of one container (names are unique within a pod)."""
-    return f"{REGION_DIR}/{container}.cache"
+    return f"{REGION_DIR}/{container}{REGION_SUFFIX}"

@@ -14,14 +14,33 @@ from typing import Any
 from webhook.errors import ShapeError
 
 # What the webhook records on each pod it sets up (the limits it pinned), read back by
-# the report and the node agent. NB: here, in a module of the standard library only,
-# so that the agent reads it without loading the policy's YAML.
+# the report, top and the node agent.
 STATUS_ANNOTATION = "gpushare-webhook.io/status"
 
 CONTAINER_KINDS = ("initContainers", "containers")
 EMPTY: Mapping[str, Any] = {}  # never handed out to be changed
 
 _KIND_WORDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
+
+
+def asks_resource(
+    container: object, names: tuple[str, ...], sections: tuple[str, ...] = ("limits", "requests")
+) -> bool:
+    """Whether the container names one of ``names`` in its resources (in ``sections`` of them).
+
+    The one answer to "does this container ask for X": the pod's selection
+    (``plan.is_gpu_pod``), the rules and ``report`` all ask it here.
+    """
+    resources = container.get("resources") if isinstance(container, dict) else None
+    if not isinstance(resources, dict):
+        return False
+    for section in sections:
+        values = resources.get(section)
+        if isinstance(values, dict):
+            for name in names:
+                if name in values:
+                    return True
+    return False
 
 
 def container_label(kind: str, name: object) -> str:

@@ -2,8 +2,8 @@
 
 Owns the rules that refuse a pod no GPU can hold: a container over the
 largest GPU or asking more GPUs than the largest GPU node has, the
-containers together over one GPU (init containers as the scheduler
-counts them), compute shares over 100%, and, under a scheduler that
+containers together over one GPU (what the scheduler holds for the pod,
+from its model), compute shares over 100%, and, under a scheduler that
 holds the app containers' sum only, an init container asking more. Each
 adds a PodError naming the field and the fix to the problems it is
 handed, as ``webhook.decision.checks`` does.
@@ -12,98 +12,88 @@ handed, as ``webhook.decision.checks`` does.
 from __future__ import annotations
 
 from webhook.decision.asks import ContainerAsk
-from webhook.decision.capacity import GpuLimits
+from webhook.decision.capacity import GpuBounds
 from webhook.decision.checks import Problems
+from webhook.decision.model import GpuPod
 from webhook.decision.policy import Policy
 from webhook.errors import PodError
 from webhook.reasons import Reason
 
 
-def check_fit(asks: list[ContainerAsk], policy: Policy, limits: GpuLimits, found: Problems) -> int:
-    """The GPU memory the pod holds on its GPU, once it is sure to fit one."""
+def check_fit(pod: GpuPod, policy: Policy, bounds: GpuBounds, found: Problems) -> None:
+    """Name what of the pod's asks no GPU can hold (its model: ``webhook.decision.model``)."""
     unit = policy.memory_unit
-    # Init containers run one at a time before the app containers, which run
-    # together: the GPU must hold the larger of the two phases.
-    app_total = init_largest = compute_total = 0
     too_big = False  # one container over the GPU is named alone, not again in the total
-    for ask in asks:
-        if ask.kind == "containers":
-            app_total += ask.memory
-            # Only shares asked for count: a default (fixed, or rounded up in
-            # proportion) is the operator's, and shares over 100 only time-slice.
-            compute_total += ask.compute if ask.compute_asked and ask.compute else 0
-        elif ask.memory > init_largest:
-            init_largest = ask.memory
-        if _check_container_fits(ask, policy, limits, found):
+    for ask in pod.asks:
+        if _check_container_fits(ask, policy, bounds, found):
             too_big = True
-    if policy.placed_by.reserves_init:
-        demand = max(app_total, init_largest)
-    else:
-        demand = app_total
-        _check_init_within(asks, app_total, policy, limits, found)
-    if demand > limits.largest_gpu and not too_big:
-        parts = ", ".join(f"{a.name}={a.memory}" for a in asks if a.kind == "containers")
+    if not policy.placed_by.reserves_init:
+        _check_init_within(pod, policy, bounds, found)
+    if pod.held_per_gpu > bounds.largest_gpu and not too_big:
+        parts = ", ".join(
+            f"{a.name}={a.memory_per_gpu}" for a in pod.asks if a.kind == "containers"
+        )
         found.append(
             PodError(
-                f"the pod's containers together ask {demand} {unit} of {policy.resource_name} "
-                f"({parts}), and they share one GPU, but {limits.describe(unit)}; lower the "
-                "requests or split the pod so its containers fit one GPU",
+                f"the pod's containers together ask {pod.held_per_gpu} {unit} of "
+                f"{policy.resource_name} ({parts}), and they share one GPU, but "
+                f"{bounds.describe(unit)}; lower the requests or split the pod so its "
+                "containers fit one GPU",
                 reason=Reason.EXCEEDS_GPU,
             )
         )
-    if compute_total > 100:
+    if pod.compute_asked > 100:
         parts = ", ".join(
-            f"{a.name}={a.compute}" for a in asks if a.kind == "containers" and a.compute_asked
+            f"{a.name}={a.compute}" for a in pod.asks if a.kind == "containers" and a.compute_asked
         )
         found.append(
             PodError(
-                f"the pod's containers together ask {compute_total}% of one GPU's compute "
+                f"the pod's containers together ask {pod.compute_asked}% of one GPU's compute "
                 f"({policy.compute.resource_name}: {parts}), more than the 100% a GPU has; lower "
                 "them so they add up to 100 or less",
                 reason=Reason.EXCEEDS_COMPUTE,
             )
         )
-    return demand
 
 
 def _check_container_fits(
-    ask: ContainerAsk, policy: Policy, limits: GpuLimits, found: Problems
+    ask: ContainerAsk, policy: Policy, bounds: GpuBounds, found: Problems
 ) -> bool:
     """Name a container no GPU or GPU node can hold; True when its memory is over every GPU."""
     unit = policy.memory_unit
-    too_big = ask.memory > limits.largest_gpu
+    too_big = ask.memory_per_gpu > bounds.largest_gpu
     if too_big:
         found.append(
             PodError(
-                f"{ask.label} asks {ask.memory} {unit} of {policy.resource_name} per GPU, but "
-                f"{limits.describe(unit)}: the pod could never be scheduled; ask at most "
-                f"{limits.largest_gpu}{_mib_hint(ask.memory, unit, limits.largest_gpu)}",
+                f"{ask.label} asks {ask.memory_per_gpu} {unit} of {policy.resource_name} per GPU, "
+                "but "
+                f"{bounds.describe(unit)}: the pod could never be scheduled; ask at most "
+                f"{bounds.largest_gpu}{_mib_hint(ask.memory_per_gpu, unit, bounds.largest_gpu)}",
                 reason=Reason.EXCEEDS_GPU,
             )
         )
-    if ask.gpus > limits.max_gpus:
+    if ask.gpus > bounds.max_gpus:
         found.append(
             PodError(
                 f"{ask.label} asks {ask.gpus} GPUs, but the largest GPU node has "
-                f"{limits.max_gpus} ({limits.gpus_source}); ask at most {limits.max_gpus}",
+                f"{bounds.max_gpus} ({bounds.gpus_source}); ask at most {bounds.max_gpus}",
                 reason=Reason.TOO_MANY_GPUS,
             )
         )
     return too_big
 
 
-def _check_init_within(
-    asks: list[ContainerAsk], app_total: int, policy: Policy, limits: GpuLimits, found: Problems
-) -> None:
+def _check_init_within(pod: GpuPod, policy: Policy, bounds: GpuBounds, found: Problems) -> None:
     """Under a scheduler that holds the app containers' sum only, no init container asks more.
 
     Its shim limit would reach past what is held for the pod on that GPU,
     into a neighbour's share. One over the whole GPU is already named alone.
     """
     unit, scheduler = policy.memory_unit, policy.placed_by.title
-    inits = [a for a in asks if a.kind == "initContainers"]
+    app_total = pod.app_per_gpu
+    inits = [a for a in pod.asks if a.kind == "initContainers"]
     for ask in inits:
-        if ask.memory <= app_total or ask.memory > limits.largest_gpu:
+        if ask.memory_per_gpu <= app_total or ask.memory_per_gpu > bounds.largest_gpu:
             continue  # within what is held, or named alone as too big
         held = (
             f"the pod's app containers together ask {app_total} {unit}"
@@ -117,7 +107,8 @@ def _check_init_within(
         )
         found.append(
             PodError(
-                f"{ask.label} asks {ask.memory} {unit} of {policy.resource_name}, but {held}, "
+                f"{ask.label} asks {ask.memory_per_gpu} {unit} of {policy.resource_name}, "
+                f"but {held}, "
                 f"and {scheduler} holds only that on the GPU it picks (it does not count init "
                 f"containers): the init container's limit would reach into a neighbour's share; "
                 f"{fix}",

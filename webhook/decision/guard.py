@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from webhook.decision import contract
+from webhook.decision.contract import ACCOUNTING_VOLUME
 from webhook.decision.fields import STATUS_ANNOTATION
-from webhook.decision.layout import ACCOUNTING_VOLUME, NO_OVERRIDE_VOLUME, PRELOAD, VOLUME_NAME
+from webhook.decision.layout import NO_OVERRIDE_VOLUME, PRELOAD, VOLUME_NAME
 from webhook.decision.policy import LD_SO_PRELOAD, Policy
 
 MESSAGE_PREFIX = "gpushare-webhook guard: "  # how every refusal begins, for whoever reads them
@@ -57,10 +58,8 @@ def params(policy: Policy) -> list[tuple[str, str | bool | int]]:
     ]
 
 
-# NB: what follows, to the end of LOGIC, runs once, at import: mutmut switches a
-# mutant on per test, after import, so no mutant here could ever run. The text
-# it makes is pinned instead by tests/test_guard.py (the chart's copy of the
-# expressions, and the real API server's verdicts in tests/apiserver).
+# What follows, to the end of LOGIC, is text made once, at import, and pinned by
+# tests/test_guard.py and tests/apiserver (docs/mutation.md).
 # pragma: no mutate start
 # A container's ask of a resource, from its limits (or its requests, as the webhook reads it).
 def _asks(resource: str, c: str = "c") -> str:

@@ -14,18 +14,20 @@ ask, LD_PRELOAD, the status text) is kept by the prepared policy.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from webhook.decision import contract, jsontext, patch
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.checks import GpuContainer
+from webhook.decision.contract import ACCOUNTING_VOLUME
 from webhook.decision.fields import STATUS_ANNOTATION
-from webhook.decision.jsontext import Shared, shared
-from webhook.decision.layout import ACCOUNTING_VOLUME, INIT_STEP, PRELOAD, Layout, Mount
+from webhook.decision.layout import INIT_STEP, PRELOAD, Layout, Mount
+from webhook.decision.model import GpuPod
 from webhook.decision.patch import Op
 from webhook.decision.policy import Policy
 from webhook.decision.prepared import Prepared
+from webhook.decision.quantities import limit_text
 
 # The step runs one short Python process (docs/security.md, "A cleared environment":
 # what it was measured to take). No GPU, no CUDA, nothing but its volume. Requests
@@ -60,7 +62,7 @@ def volume_ops(spec: Mapping[str, Any], layout: Layout) -> list[Op]:
     return [
         patch.add("/spec/volumes/-", volume)
         for volume in layout.volumes
-        if volume.value["name"] not in present
+        if volume["name"] not in present
     ]
 
 
@@ -79,16 +81,16 @@ def mount_ops(gpu: GpuContainer, layout: Layout) -> list[Op]:
     for path, entry, _ in wanted:
         if path not in ours:
             missing.append(patch.add(f"{base}/volumeMounts/-", entry))
-        elif mounts[ours[path]] != entry.value:
+        elif mounts[ours[path]] != entry:
             ops.append(patch.replace(f"{base}/volumeMounts/{ours[path]}", entry))
     return ops + missing
 
 
 def _entries(mounts: tuple[Mount, ...]) -> list[Any]:
-    return [mount.entry.value for mount in mounts]
+    return [mount.entry for mount in mounts]
 
 
-def init_ops(spec: Mapping[str, Any], asks: list[ContainerAsk], layout: Layout) -> list[Op]:
+def init_ops(spec: Mapping[str, Any], asks: Sequence[ContainerAsk], layout: Layout) -> list[Op]:
     """The init step, first of the init containers; after every other op, which it would shift.
 
     A container of its name elsewhere (an older step, or one the pod brought)
@@ -127,12 +129,12 @@ def _named(names: list[Any]) -> list[tuple[int, Any]]:
     return list(reversed(list(enumerate(names))))
 
 
-def init_step(asks: list[ContainerAsk], layout: Layout) -> dict[str, Any]:
+def init_step(asks: Sequence[ContainerAsk], layout: Layout) -> dict[str, Any]:
     """The init container: ``node init-regions`` with each GPU container's pinned limits."""
     regions = []
     for ask in asks:
         share = "" if ask.compute is None else f",sm={ask.compute}"
-        regions.append(f"{ask.name}={ask.memory * layout.mib_per_unit}m{share}")
+        regions.append(f"{ask.name}={limit_text(ask.memory_per_gpu * layout.mib_per_unit)}{share}")
     return {
         "name": INIT_STEP,
         "image": layout.init_image,
@@ -158,19 +160,19 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
     target; appends last.
     """
     ask, env, base, layout = gpu.ask, gpu.env, gpu.base, prepared.layout
-    key = (ask.name, ask.memory, ask.gpus, ask.compute)
+    key = (ask.name, ask.memory_per_gpu, ask.gpus, ask.compute)
     pinned = prepared.remember((Layout.pin, *key), lambda: layout.pin(*key))
     if env is None:
         return [patch.set_field(gpu.container, "env", base, pinned.env)]
     scan = _scan_env(env, pinned.values, layout, ask.label, warnings)
     replaced = scan.replaced
     preload_entry = prepared.remember(
-        (_preloaded, scan.user_preload),
-        lambda: shared(_entry(PRELOAD, _preloaded(scan.user_preload, layout.preload))),
+        (_preload_entry, scan.user_preload),
+        lambda: _preload_entry(scan.user_preload, layout.preload),
     )
     if scan.preload_at >= 0:
         current = env[scan.preload_at]  # anything but our entry is replaced
-        if current != preload_entry.value:
+        if current != preload_entry:
             replaced.append((scan.preload_at, preload_entry))
             replaced.sort(key=_index)  # no two entries share one
     ops = [patch.replace(f"{base}/env/{index}", entry) for index, entry in replaced]
@@ -178,7 +180,7 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
         ops += [patch.remove(f"{base}/env/{index}") for index in reversed(scan.removed)]
     append = f"{base}/env/-"
     for pinned_entry in pinned.entries:
-        if pinned_entry.value["name"] not in scan.seen:
+        if pinned_entry["name"] not in scan.seen:
             ops.append(patch.add(append, pinned_entry))
     if scan.preload_at < 0:
         ops.append(patch.add(append, preload_entry))
@@ -188,7 +190,7 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
 class _EnvScan(NamedTuple):
     """One pass over a container's env: what to replace and remove, and where LD_PRELOAD is."""
 
-    replaced: list[tuple[int, dict[str, str] | Shared]]  # (index, its new entry)
+    replaced: list[tuple[int, dict[str, str]]]  # (index, its new entry)
     removed: list[int]  # indexes, in order
     seen: set[str]  # the pinned names the container sets (its first entry of each)
     preload_at: int  # the index of its first LD_PRELOAD entry, or -1
@@ -204,7 +206,7 @@ def _scan_env(
 ) -> _EnvScan:
     """Read the container's env once, warning of each entry the webhook changes or removes."""
     prefixes = (layout.memory_limit, layout.sm_limit)
-    replaced: list[tuple[int, dict[str, str] | Shared]] = []
+    replaced: list[tuple[int, dict[str, str]]] = []
     removed: list[int] = []
     seen: set[str] = set()
     preload_at = -1
@@ -247,6 +249,11 @@ def _entry(name: str, value: str) -> dict[str, str]:
     return {"name": name, "value": value}
 
 
+def _preload_entry(user_value: str, shim: str) -> dict[str, str]:
+    """The LD_PRELOAD entry: the shim first, then the user's libraries."""
+    return _entry(PRELOAD, _preloaded(user_value, shim))
+
+
 def _index(replacement: tuple[int, object]) -> int:
     return replacement[0]
 
@@ -258,16 +265,11 @@ def _preloaded(user_value: str, shim: str) -> str:
     return ":".join([shim, *others])
 
 
-def annotation_ops(
-    metadata: Mapping[str, Any], asks: list[ContainerAsk], prepared: Prepared, demand: int
-) -> list[Op]:
+def annotation_ops(metadata: Mapping[str, Any], pod: GpuPod, prepared: Prepared) -> list[Op]:
     """The status annotation: what the webhook set, for people and for ``report``-like tools."""
     # NB: the pods of one workload ask alike, so their status reads alike:
     # its JSON costs more than all the rest of the pod's annotation ops.
-    key = tuple(asks)
-    value = prepared.remember(
-        (_status_text, key, demand), lambda: _status_text(key, demand, prepared.policy)
-    )
+    value = prepared.remember((_status_text, pod), lambda: _status_text(pod, prepared.policy))
     annotations = metadata.get("annotations")
     if annotations is None:
         ours = {STATUS_ANNOTATION: value}
@@ -279,12 +281,12 @@ def annotation_ops(
     return [patch.set_field(annotations, STATUS_ANNOTATION, "/metadata/annotations", value)]
 
 
-def _status_text(asks: tuple[ContainerAsk, ...], demand: int, policy: Policy) -> str:
+def _status_text(pod: GpuPod, policy: Policy) -> str:
     """The annotation's value: a string of JSON, its keys sorted."""
     mib_per_unit = policy.mib_per_unit
     containers: dict[str, dict[str, Any]] = {}
-    for ask in asks:
-        entry: dict[str, Any] = {"memory": f"{ask.memory * mib_per_unit}m"}
+    for ask in pod.asks:
+        entry: dict[str, Any] = {"memory": limit_text(ask.memory_per_gpu * mib_per_unit)}
         if ask.gpus > 1:
             entry["gpus"] = ask.gpus
         if ask.compute is not None:
@@ -293,7 +295,7 @@ def _status_text(asks: tuple[ContainerAsk, ...], demand: int, policy: Policy) ->
     record = {
         "scheduler": policy.scheduler_name,
         "shim": policy.shim.preload,
-        "demand": f"{demand}{policy.memory_unit}",
+        "demand": f"{pod.held_per_gpu}{policy.memory_unit}",
         "containers": containers,
     }
     return jsontext.sorted_compact(record)

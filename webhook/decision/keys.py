@@ -225,10 +225,8 @@ class Named(Generic[S]):
         return None
 
 
-# NB: what follows runs once, at import, while the policy's dataclasses are
-# declared: mutmut switches a mutant on per test, after import, so no
-# mutant here could ever run. Their results are pinned instead by
-# tests/test_policy.py (every key read, documented, shown and round-tripped).
+# What follows runs once, at import, while the policy's dataclasses are declared;
+# tests/test_policy.py pins what it makes (docs/mutation.md).
 # pragma: no mutate start
 def setting(key: str, default: Any, check: Check, doc: str) -> Any:
     """A policy key: its YAML name, default, check and one line for ``policy show``."""

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from webhook.decision.capacity import NodeFacts, gpu_nodes, uncounted
 from webhook.decision.policy import Policy
-from webhook.decision.prepared import Prepared
+from webhook.decision.prepared import Kept, Prepared
 from webhook.errors import SnapshotError
 
 SNAPSHOT_VERSION = 1
@@ -75,13 +75,10 @@ class NoNodes:
     """Node watching is off: every pod is checked against the policy."""
 
     def __init__(self) -> None:
-        self._last: Prepared | None = None
+        self._kept = Kept()
 
     def prepared(self, policy: Policy) -> Prepared:
-        last = self._last
-        if last is None or last.policy is not policy:
-            last = self._last = Prepared(policy)
-        return last
+        return self._kept.get(policy, None, lambda: Prepared(policy))
 
     def status(self) -> NodeStatus:
         return NodeStatus()

@@ -9,9 +9,7 @@ harder to audit.
 The decision returns ops as :class:`Op` values, whose ``value`` is plain
 JSON data (the layout's volumes and mounts are shared by every patch of a
 policy, so no one may change them). They become text in one place, with
-the rest of the answer: ``webhook.decision.responses.encode``. An op made
-from a :class:`~webhook.decision.jsontext.Shared` value keeps the value's
-text, written once by the prepared policy, and the answer quotes it.
+the rest of the answer: ``webhook.decision.responses.encode``.
 """
 
 from __future__ import annotations
@@ -20,22 +18,15 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
-from webhook.decision.jsontext import Shared
-
 Kind = Literal["add", "replace", "remove"]
 
 
 class Op(NamedTuple):
-    """One JSON Patch operation; ``value`` is None only for "remove".
-
-    ``text`` is the value's compact JSON where it was written once with a
-    shared value; empty, the answer writes the value itself.
-    """
+    """One JSON Patch operation; ``value`` is None only for "remove"."""
 
     op: Kind
     path: str
     value: Any = None
-    text: str = ""
 
     def as_json(self) -> dict[str, Any]:
         """The op as RFC 6902 writes it (its value shared, not copied)."""
@@ -49,19 +40,13 @@ def escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def _with(op: Kind, path: str, value: Any) -> Op:
-    if type(value) is Shared:
-        return Op(op, path, value.value, value.text)
-    return Op(op, path, value)
-
-
 def add(path: str, value: Any) -> Op:
-    """Add ``value`` (plain JSON, or a ``Shared`` one) at ``path``."""
-    return _with("add", path, value)
+    """Add ``value`` (plain JSON) at ``path``."""
+    return Op("add", path, value)
 
 
 def replace(path: str, value: Any) -> Op:
-    return _with("replace", path, value)
+    return Op("replace", path, value)
 
 
 def remove(path: str) -> Op:
@@ -70,7 +55,7 @@ def remove(path: str) -> Op:
 
 def set_field(parent: Mapping[str, Any], key: str, base: str, value: Any) -> Op:
     """Add ``key`` under ``base``, or replace it if the parent already has it."""
-    return _with("replace" if key in parent else "add", f"{base}/{escape(key)}", value)
+    return Op("replace" if key in parent else "add", f"{base}/{escape(key)}", value)
 
 
 def plain(ops: Sequence[Op]) -> tuple[dict[str, Any], ...]:

@@ -1,8 +1,9 @@
-"""The decision for one pod, as a pure function of (pod, prepared policy, limits).
+"""The decision for one pod, as a pure function of (pod, prepared policy, GPU bounds).
 
 Owns the order of the rules: which pods are GPU-memory pods, then every
-check (``checks``, on what ``asks`` read), and only once the pod has passed
-them all, the injection (``inject``). It never reads files, the clock,
+check (``checks``; ``fit``, on the pod's model made from what ``asks``
+read), and only once the pod has passed them all, the injection
+(``inject``). It never reads files, the clock,
 the network or an HTTP request; the callers (``admission`` for the webhook,
 ``webhook.preview`` for the offline CLI) hand it a pod and get back a
 :class:`Decision`, whose patch is data.
@@ -15,10 +16,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from webhook.decision import affinity, checks, fit, inject
+from webhook.decision import affinity, checks, fit, inject, model
 from webhook.decision.asks import ContainerAsk, collect_asks
-from webhook.decision.capacity import GpuLimits
-from webhook.decision.fields import CONTAINER_KINDS, STATUS_ANNOTATION, each_container, mapping
+from webhook.decision.capacity import GpuBounds
+from webhook.decision.fields import (
+    CONTAINER_KINDS,
+    STATUS_ANNOTATION,
+    asks_resource,
+    each_container,
+    mapping,
+)
+from webhook.decision.model import NO_GPU_POD, GpuPod
 from webhook.decision.patch import Op, plain
 from webhook.decision.policy import Policy
 from webhook.decision.prepared import Prepared
@@ -63,9 +71,8 @@ class Decision:
     message: str = ""
     code: int = 200
     ops: tuple[Op, ...] = ()  # the JSON Patch, as data (encoded by responses.patched)
-    warnings: tuple[str, ...] = ()
-    demand: int = 0  # GPU memory the pod holds on its GPU, in the policy's unit
-    asks: tuple[ContainerAsk, ...] = ()
+    notes: tuple[str, ...] = ()  # what its set-up changed or could not, for the user to know
+    gpu_pod: GpuPod = NO_GPU_POD  # what it asks, and what its scheduler holds for it
     problems: tuple[Problem, ...] = ()  # every reason it is (or, warned, would be) refused
 
     @property
@@ -73,9 +80,21 @@ class Decision:
         return self.outcome != "rejected"
 
     @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the answer warns of: under warn each refusal it would have had, then the notes."""
+        if self.outcome != "warned":
+            return self.notes
+        return (*(f"{WOULD_REFUSE}{p.message}" for p in self.problems), *self.notes)
+
+    @property
     def reasons(self) -> tuple[Reason, ...]:
         """The reason of every problem, each once, in order (empty unless refused or warned)."""
         return tuple(dict.fromkeys(problem.reason for problem in self.problems))
+
+    @property
+    def asks(self) -> tuple[ContainerAsk, ...]:
+        """The asks of its GPU containers (none unless it was set up, or is to be)."""
+        return self.gpu_pod.asks
 
     @property
     def patch(self) -> tuple[dict[str, Any], ...]:
@@ -106,18 +125,15 @@ _NOTHING_DONE = Decision(outcome="unchanged", reason=Reason.UNCHANGED)  # outcom
 def _warned(found: list[PodError], done: Decision | None = None) -> Decision:
     """Admitted under ``enforcement: warn``, with a warning for each refusal it would have had.
 
-    ``done`` is what the webhook set up anyway (its ops, asks and warnings),
+    ``done`` is what the webhook set up anyway (its ops, model and notes),
     None when it set up nothing.
     """
     refused = _refused(found)
-    warnings = tuple(f"{WOULD_REFUSE}{p.message}" for p in refused.problems)
-    base = done or _NOTHING_DONE
     return dataclasses.replace(
-        base,
+        done or _NOTHING_DONE,
         outcome="warned",
         reason=refused.reason,
         message=refused.message,
-        warnings=(*warnings, *base.warnings),
         problems=refused.problems,
     )
 
@@ -142,11 +158,11 @@ def plan(
     prepared: Prepared,
     *,
     namespace: str = "",
-    limits: GpuLimits | None = None,
+    bounds: GpuBounds | None = None,
 ) -> Decision:
     """Decide what to do with ``pod`` (a decoded Pod object) under ``prepared.policy``.
 
-    ``limits`` are the bounds for the pod's placement (None: the policy's).
+    ``bounds`` are the GPU bounds of the pod's placement (None: the policy's).
 
     Under ``enforcement: warn`` (the policy's, or its namespace's) a pod that
     breaks a rule is admitted, with a warning for each refusal, and set up
@@ -154,7 +170,7 @@ def plan(
     """
     warn = prepared.policy.enforcement_for(namespace) == "warn"
     try:
-        return _plan(pod, prepared, namespace=namespace, limits=limits, warn=warn)
+        return _plan(pod, prepared, namespace=namespace, bounds=bounds, warn=warn)
     except PodError as error:
         return _judged([error], warn)
 
@@ -170,27 +186,18 @@ def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return False
-    memory, compute = policy.resource_name, policy.compute.resource_name
-    count = policy.multi_gpu.resource_name
+    names = (policy.resource_name, policy.compute.resource_name, policy.multi_gpu.resource_name)
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
-        if not isinstance(containers, list):
-            continue
-        for container in containers:
-            resources = container.get("resources") if isinstance(container, dict) else None
-            if not isinstance(resources, dict):
-                continue
-            for section in ("limits", "requests"):
-                values = resources.get(section)
-                if isinstance(values, dict) and (
-                    memory in values or compute in values or count in values
-                ):
+        if isinstance(containers, list):
+            for container in containers:
+                if asks_resource(container, names):
                     return True
     return False
 
 
 def _plan(
-    pod: object, prepared: Prepared, *, namespace: str, limits: GpuLimits | None, warn: bool
+    pod: object, prepared: Prepared, *, namespace: str, bounds: GpuBounds | None, warn: bool
 ) -> Decision:
     policy = prepared.policy
     if not isinstance(pod, dict):
@@ -207,7 +214,7 @@ def _plan(
         return _judged(found, warn) if found else untouched(Reason.NO_GPU_REQUEST)
     spec = pod["spec"]  # an object: is_gpu_pod found GPUs in it
     metadata = mapping(pod, "metadata", path="", optional=True)
-    limits = limits or prepared.policy_limits
+    bounds = bounds or prepared.policy_bounds
     shape = prepared.layout
 
     # Every refusal first, all of them: no op is built for a pod that is refused.
@@ -219,8 +226,9 @@ def _plan(
     except ShapeError as error:
         found.append(error)
         labels = {}
-    asks = collect_asks(spec, policy, limits, labels, found)
-    demand = fit.check_fit(asks, policy, limits, found)
+    asks = collect_asks(spec, policy, bounds, labels, found)
+    gpu_pod = model.gpu_pod(asks, policy)
+    fit.check_fit(gpu_pod, policy, bounds, found)
     checks.check_volumes(spec, policy, shape, found)
     seen = [checks.check_gpu_container(spec, ask, shape, found) for ask in asks]
     checks.check_annotations(metadata, found)
@@ -237,15 +245,14 @@ def _plan(
     for gpu in seen:
         ops += inject.env_ops(gpu, prepared, warnings)
         ops += inject.mount_ops(gpu, shape)
-    ops += inject.init_ops(spec, asks, shape)  # last of the spec's: it shifts initContainers
-    ops += inject.annotation_ops(metadata, asks, prepared, demand)
+    ops += inject.init_ops(spec, gpu_pod.asks, shape)  # last: it shifts initContainers
+    ops += inject.annotation_ops(metadata, gpu_pod, prepared)
     done = Decision(
         outcome="mutated" if ops else "unchanged",
         reason=Reason.MUTATED if ops else Reason.UNCHANGED,
         ops=tuple(ops),
-        warnings=tuple(warnings),
-        demand=demand,
-        asks=tuple(asks),
+        notes=tuple(warnings),
+        gpu_pod=gpu_pod,
     )
     return _warned(found, done) if found else done
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import yaml
 
@@ -37,14 +37,13 @@ from webhook.decision.keys import (
     String,
     build,
     by_name,
-    document,
     lines,
     section,
     setting,
 )
+from webhook.decision.quantities import MIB_PER_UNIT, MemoryUnit
 from webhook.errors import PolicyError
 
-MemoryUnit = Literal["GiB", "MiB"]
 Enforcement = Literal["enforce", "warn"]
 MultiGpuMemory = Literal["total", "perDevice"]
 SchedulerKind = Literal["gpushare-extender", "ack"]
@@ -299,16 +298,12 @@ class Policy:
 
     @property
     def mib_per_unit(self) -> int:
-        return 1024 if self.memory_unit == "GiB" else 1
+        return MIB_PER_UNIT[self.memory_unit]
 
     def enforcement_for(self, namespace: str) -> Enforcement:
         """Whether a pod in ``namespace`` that breaks a rule is refused or admitted, warned."""
         override = self.namespaces.get(namespace) if namespace else None
         return override.enforcement if override is not None else self.enforcement
-
-    def to_document(self) -> dict[str, Any]:
-        """The policy as the YAML document an operator writes (camelCase keys)."""
-        return document(self)
 
 
 DEFAULT_POLICY = Policy()
@@ -325,7 +320,7 @@ def parse_policy(document: object) -> Policy:
     policy = cast(Policy, build(Policy, document, ""))
     if policy.memory_unit == "MiB" and "gpuMemory" not in document:
         # NB: the default is 16 GiB in either unit; read as MiB it would be 16 MiB.
-        policy = replace(policy, gpu_memory=DEFAULT_POLICY.gpu_memory * 1024)
+        policy = replace(policy, gpu_memory=DEFAULT_POLICY.gpu_memory * MIB_PER_UNIT["GiB"])
     if "schedulerName" not in document:
         policy = replace(policy, scheduler_name=policy.placed_by.scheduler_name)
     _cross_check(policy)

@@ -18,10 +18,10 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from webhook.decision.capacity import (
-    GpuLimits,
+    GpuBounds,
     GpuNode,
-    limits_from_policy,
-    limits_over,
+    bounds_from_policy,
+    bounds_over,
     placement_key,
 )
 from webhook.decision.layout import Layout, layout_of
@@ -54,7 +54,7 @@ class Prepared:
         # no GPU there, so they bound no pod (the node watch logs them).
         self.uncounted = tuple(uncounted)
         self.layout: Layout = layout_of(policy)
-        self.policy_limits: GpuLimits = limits_from_policy(policy)
+        self.policy_bounds: GpuBounds = bounds_from_policy(policy)
         self._memo: dict[Hashable, Any] = {}
 
     def remember(self, key: Hashable, make: Callable[[], T]) -> T:
@@ -72,7 +72,7 @@ class Prepared:
         found = memo[key] = make()
         return found
 
-    def limits(self, spec: Mapping[str, Any]) -> GpuLimits:
+    def bounds(self, spec: Mapping[str, Any]) -> GpuBounds:
         """The bounds for a pod with this spec: the largest GPU it may be placed on.
 
         Working them out passes over every GPU node (about 1 ms for 500),
@@ -80,7 +80,31 @@ class Prepared:
         """
         nodes = self.nodes
         if nodes is None:
-            return self.policy_limits
+            return self.policy_bounds
         return self.remember(
-            (limits_over, placement_key(spec)), lambda: limits_over(spec, nodes, self.policy)
+            (bounds_over, placement_key(spec)), lambda: bounds_over(spec, nodes, self.policy)
         )
+
+
+class Kept:
+    """The one :class:`Prepared` in force, made again when the policy or the node list changes.
+
+    Its identity rule is the only one: the same policy object and the same
+    node list object (a snapshot, or None without nodes) give the same
+    Prepared, and with it everything its memo kept.
+    """
+
+    def __init__(self) -> None:
+        self._made: tuple[object, Prepared] | None = None  # (the node list, its Prepared)
+
+    @property
+    def last(self) -> Prepared | None:
+        return None if self._made is None else self._made[1]
+
+    def get(self, policy: Policy, nodes: object, make: Callable[[], Prepared]) -> Prepared:
+        made = self._made
+        if made is not None and made[0] is nodes and made[1].policy is policy:
+            return made[1]
+        prepared = make()
+        self._made = (nodes, prepared)
+        return prepared

@@ -17,7 +17,9 @@ from typing import Literal
 from webhook.errors import QuantityError
 from webhook.reasons import Reason
 
-MemoryUnit = Literal["GiB", "MiB"]
+MemoryUnit = Literal["GiB", "MiB"]  # what one count of the memory resource is
+MIB_PER_UNIT: dict[MemoryUnit, int] = {"GiB": 1024, "MiB": 1}
+BYTES_PER_MIB = 2**20
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
@@ -40,7 +42,6 @@ _GRAMMAR = re.compile(
 # "1e999999999" from making a number with a billion digits.
 _MAX_EXPONENT = 30
 _MAX_TEXT = 64
-UNIT_MIB = {"GiB": 1024, "MiB": 1}
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def whole_count(
     if byte_unit is not None and quantity.has_byte_suffix:
         # "4Gi" on a GiB cluster is 4 * 2**30 units of GiB each, not 4 GiB.
         bytes_asked = quantity.value
-        per_unit = UNIT_MIB[byte_unit] * 2**20
+        per_unit = MIB_PER_UNIT[byte_unit] * BYTES_PER_MIB
         suggestion = -(-bytes_asked // per_unit)  # round up to whole units
         raise QuantityError(
             f"{what} is {text!r}, which means {format_units(quantity.value)} {unit_word}: "
@@ -170,3 +171,29 @@ def whole_count(
             reason=Reason.OUT_OF_RANGE,
         )
     return count
+
+
+def limit_text(mib: int) -> str:
+    """A memory limit in the shim's syntax, ``<MiB>m``: the only form the webhook writes."""
+    return f"{mib}m"
+
+
+def limit_mib(text: object) -> int | None:
+    """The MiB of a limit written by :func:`limit_text`; None for any other text."""
+    if not isinstance(text, str) or not text.endswith("m") or not text[:-1].isdigit():
+        return None
+    return int(text[:-1])
+
+
+def go_value(raw: object) -> int:
+    """A quantity as Go's ``Quantity.Value()`` reads it (rounded up); 0 if missing or malformed.
+
+    The schedulers read a node's capacity and a pod's limits this way, so
+    the webhook reads them alike wherever it counts what they count.
+    """
+    if raw is None:
+        return 0
+    try:
+        return math.ceil(parse_quantity(raw).value)
+    except QuantityError:
+        return 0

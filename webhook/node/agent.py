@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from webhook.decision.policy import Policy
+from webhook.decision import Policy
 from webhook.errors import KubeError, ShimError
 from webhook.node.install import (
     Installed,

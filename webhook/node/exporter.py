@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -38,22 +38,31 @@ class Names(enum.Enum):
     HAMI = "hami"
 
 
-# (used, limit, utilisation, device label) per naming; the rest keep our names either way.
-_NAMES = {
-    Names.GPUSHARE: (
-        "gpushare_container_gpu_memory_used_bytes",
-        "gpushare_container_gpu_memory_limit_bytes",
-        "gpushare_container_gpu_utilization_percent",
-        "device",
+class Naming(NamedTuple):
+    """The names of the figures that follow a naming; the rest keep ours either way."""
+
+    used: str
+    limit: str
+    utilization: str
+    device_label: str
+
+
+NAMINGS = {
+    Names.GPUSHARE: Naming(
+        used="gpushare_container_gpu_memory_used_bytes",
+        limit="gpushare_container_gpu_memory_limit_bytes",
+        utilization="gpushare_container_gpu_utilization_percent",
+        device_label="device",
     ),
     # HAMi's vGPUmonitor (pkg/monitor/nvidia): its dashboards query these.
-    Names.HAMI: (
-        "hami_vgpu_memory_used_bytes",
-        "hami_vgpu_memory_limit_bytes",
-        "hami_container_device_utilization_ratio",
-        "vdevice_index",
+    Names.HAMI: Naming(
+        used="hami_vgpu_memory_used_bytes",
+        limit="hami_vgpu_memory_limit_bytes",
+        utilization="hami_container_device_utilization_ratio",
+        device_label="vdevice_index",
     ),
 }
+TAMPERED = "gpushare_container_gpu_region_tampered"  # read back by ``top`` (webhook.node.scraped)
 
 
 class RegionCollector(Collector):
@@ -88,14 +97,19 @@ class RegionCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         found = self.scan()
-        used_name, limit_name, util_name, device_label = _NAMES[self.names]
-        labels = ["namespace", "pod", "container", device_label, "device_uuid"]
+        yield from self._containers(found)
+        yield from self._node(found)
+
+    def _containers(self, found: Scan) -> tuple[Metric, ...]:
+        """The per-container, per-device figures of every region found."""
+        naming = NAMINGS[self.names]
+        labels = ["namespace", "pod", "container", naming.device_label, "device_uuid"]
         used = GaugeMetricFamily(
-            used_name, "GPU memory the container's processes use", labels=labels
+            naming.used, "GPU memory the container's processes use", labels=labels
         )
-        limit = GaugeMetricFamily(limit_name, "GPU memory limit the shim enforces", labels=labels)
+        limit = GaugeMetricFamily(naming.limit, "GPU memory limit the shim enforces", labels=labels)
         util = GaugeMetricFamily(
-            util_name, "SM utilisation of the container (percent)", labels=labels
+            naming.utilization, "SM utilisation of the container (percent)", labels=labels
         )
         admitted = GaugeMetricFamily(
             "gpushare_container_gpu_memory_admitted_bytes",
@@ -106,7 +120,7 @@ class RegionCollector(Collector):
             "gpushare_container_gpu_processes", "Processes in the container's region", labels=labels
         )
         tampered = GaugeMetricFamily(
-            "gpushare_container_gpu_region_tampered",
+            TAMPERED,
             "1 when the region's limit differs from the one the webhook admitted",
             labels=labels,
         )
@@ -120,6 +134,10 @@ class RegionCollector(Collector):
                 admitted.add_metric(values, sample.admitted_bytes)
                 tampered.add_metric(values, int(sample.tampered))
             self._log_tamper(sample)
+        return (used, limit, util, admitted, procs, tampered)
+
+    def _node(self, found: Scan) -> tuple[Metric, ...]:
+        """What the scan and the pod lists came to, and the layout the agent reads."""
         skipped = GaugeMetricFamily(
             "gpushare_node_regions_skipped",
             "Region files this scrape could not use, by reason",
@@ -143,7 +161,7 @@ class RegionCollector(Collector):
             labels=["hami_core_commit", "version"],
         )
         info.add_metric([LAYOUT.commit, f"{LAYOUT.major}.{LAYOUT.minor}"], 1)
-        yield from (used, limit, util, admitted, procs, tampered, skipped, unknown, failures, info)
+        return (skipped, unknown, failures, info)
 
     def _log_tamper(self, sample: Sample) -> None:
         key = (sample.pod.uid, sample.container, sample.device.index)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from webhook.errors import InputError
+from webhook.node.exporter import NAMINGS, TAMPERED
 
-USED = {"gpushare_container_gpu_memory_used_bytes", "hami_vgpu_memory_used_bytes"}
-TAMPERED = "gpushare_container_gpu_region_tampered"
+USED = {naming.used for naming in NAMINGS.values()}
+DEVICE_LABELS = tuple(naming.device_label for naming in NAMINGS.values())
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ def containers(text: str) -> list[Used]:
                 if sample.name not in USED and sample.name != TAMPERED:
                     continue
                 labels = sample.labels
-                device = labels.get("device", labels.get("vdevice_index", ""))
+                device = next((labels[d] for d in DEVICE_LABELS if d in labels), "")
                 key = (
                     labels.get("namespace", ""),
                     labels.get("pod", ""),

@@ -23,12 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from webhook.decision.fields import STATUS_ANNOTATION
+from webhook.decision import (
+    ACCOUNTING_VOLUME,
+    BYTES_PER_MIB,
+    REGION_SUFFIX,
+    STATUS_ANNOTATION,
+    limit_mib,
+)
 from webhook.node.regions import Device, Region, Skip, Skipped, read
 
-VOLUME = "gpushare-accounting"
-SUFFIX = ".cache"
-VOLUME_DIR = Path("volumes") / "kubernetes.io~empty-dir" / VOLUME
+VOLUME_DIR = Path("volumes") / "kubernetes.io~empty-dir" / ACCOUNTING_VOLUME
 
 
 @dataclass(frozen=True)
@@ -63,13 +67,6 @@ class Scan:
     unknown: int = 0  # regions of pod uids the API did not list (yet) on this node
 
 
-def _mib(raw: object) -> int | None:
-    """The shim's limit syntax as the webhook writes it: ``<MiB>m``."""
-    if not isinstance(raw, str) or not raw.endswith("m") or not raw[:-1].isdigit():
-        return None
-    return int(raw[:-1]) * 2**20
-
-
 def admitted(annotation: object) -> dict[str, int]:
     """Container name -> admitted bytes, from the status annotation; {} if absent or not ours."""
     if not isinstance(annotation, str):
@@ -81,9 +78,9 @@ def admitted(annotation: object) -> dict[str, int]:
     containers = status.get("containers") if isinstance(status, dict) else None
     found: dict[str, int] = {}
     for name, entry in containers.items() if isinstance(containers, dict) else ():
-        limit = _mib(entry.get("memory")) if isinstance(entry, dict) else None
-        if limit is not None:
-            found[str(name)] = limit
+        mib = limit_mib(entry.get("memory")) if isinstance(entry, dict) else None
+        if mib is not None:
+            found[str(name)] = mib * BYTES_PER_MIB
     return found
 
 
@@ -119,7 +116,7 @@ def scan(pods_dir: Path, pods: Mapping[str, Pod]) -> Scan:
     for uid in _entries(pods_dir):
         volume = pods_dir / uid / VOLUME_DIR
         for name in _entries(volume):
-            if not name.endswith(SUFFIX):
+            if not name.endswith(REGION_SUFFIX):
                 continue
             try:
                 region = read(volume / name)
@@ -130,7 +127,7 @@ def scan(pods_dir: Path, pods: Mapping[str, Pod]) -> Scan:
             if pod is None:
                 result.unknown += 1
                 continue
-            result.samples += samples(pod, name.removesuffix(SUFFIX), region)
+            result.samples += samples(pod, name.removesuffix(REGION_SUFFIX), region)
     return result
 
 

@@ -32,14 +32,20 @@ from typing import Any, Literal
 
 import jsonpatch
 
-from webhook.decision.asks import ContainerAsk
-from webhook.decision.capacity import gpu_node
-from webhook.decision.fields import STATUS_ANNOTATION, container_label
-from webhook.decision.layout import INIT_STEP
-from webhook.decision.nodesource import facts_of
-from webhook.decision.plan import Decision, is_gpu_pod, plan
-from webhook.decision.policy import Policy
-from webhook.decision.prepared import Prepared
+from webhook.decision import (
+    INIT_STEP,
+    STATUS_ANNOTATION,
+    ContainerAsk,
+    Decision,
+    Policy,
+    Prepared,
+    container_label,
+    decide,
+    facts_of,
+    gpu_node,
+    is_gpu_pod,
+    stored_gpu_pod,
+)
 from webhook.preview import preview
 from webhook.reasons import Reason
 from webhook.report.objects import Objects
@@ -63,7 +69,7 @@ class PodFinding:
     name: str
     node: str  # "" while not placed
     status: PodStatus
-    gpu_memory: int  # what it holds, in the policy's unit, over all of its GPUs
+    held_per_pod: int  # what its scheduler holds for it over all of its GPUs (policy's unit)
     unlimited: bool  # a container asks GPU memory and has no limit for it
     findings: tuple[str, ...] = ()
     cause: str = ""
@@ -215,17 +221,19 @@ def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
     spec: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
     node = str(spec.get("nodeName") or "")
     gpu_pod = is_gpu_pod(pod, policy)
+    gpu = stored_gpu_pod(pod, policy)
     if namespace in policy.exclude_namespaces:
-        return PodFinding(namespace, name, node, "excluded", 0, False) if gpu_pod else None
+        held = gpu.held_per_pod
+        return PodFinding(namespace, name, node, "excluded", held, False) if gpu_pod else None
     # NB: the scheduler's binding sets nodeName on every placed pod; as created,
     # it had none (a pod created with one is judged as if it had not).
     created = {**pod, "spec": {k: v for k, v in spec.items() if k != "nodeName"}}
     if policy.shim.init_regions and not _has_init_step(spec):
         prepared = _without_init_step(prepared)  # set up before the step: held to the rest
-    decision = plan(created, prepared, namespace=namespace, limits=prepared.limits(spec))
+    decision = decide(created, prepared, namespace=namespace, bounds=prepared.bounds(spec))
     if decision.outcome == "untouched":
         return None
-    memory, unlimited = _held(spec, decision.asks, policy)
+    memory, unlimited = gpu.held_per_pod, _unlimited(spec, gpu.asks, policy)
     messages = tuple(problem.message for problem in decision.problems)
     annotations = meta.get("annotations") or {}
     if messages and STATUS_ANNOTATION in annotations and set(decision.reasons) <= OURS_MOVED:
@@ -268,22 +276,9 @@ def _without_init_step(prepared: Prepared) -> Prepared:
     )
 
 
-def _held(
-    spec: Mapping[str, Any], asks: Iterable[ContainerAsk], policy: Policy
-) -> tuple[int, bool]:
-    """GPU memory the pod holds (all of its GPUs), and whether a container has no limit."""
-    app = init = 0
-    unlimited = False
-    for ask in asks:
-        held = ask.memory * ask.gpus
-        if ask.kind == "containers":
-            app += held
-        else:
-            init = max(init, held)
-        container = spec[ask.kind][ask.position]
-        if policy.env.memory_limit not in _env(container):
-            unlimited = True
-    return max(app, init), unlimited
+def _unlimited(spec: Mapping[str, Any], asks: Iterable[ContainerAsk], policy: Policy) -> bool:
+    """Whether a container that asks GPU memory has no limit for it."""
+    return any(policy.env.memory_limit not in _env(spec[ask.kind][ask.position]) for ask in asks)
 
 
 def _env(container: Mapping[str, Any]) -> dict[str, str]:

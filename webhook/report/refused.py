@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.decision.guard import MESSAGE_PREFIX
+from webhook.decision import MESSAGE_PREFIX
 
 REASON = "FailedCreate"  # what controllers record when a pod create is refused
 

@@ -67,7 +67,7 @@ def _pod(pod: PodFinding) -> dict[str, Any]:
         "name": pod.name,
         "node": pod.node,
         "status": pod.status,
-        "gpuMemory": pod.gpu_memory,
+        "gpuMemory": pod.held_per_pod,
         "withoutLimit": pod.unlimited,
         "findings": list(pod.findings),
         "cause": pod.cause,
@@ -113,7 +113,7 @@ def _device(gpu: Gpu, statuses: dict[tuple[str, str], str]) -> dict[str, Any]:
                 "namespace": p.namespace,
                 "name": p.name,
                 "reserved": p.reserved,
-                "limit": p.limit,
+                "heldPerGpu": p.held_per_gpu,
                 "status": statuses.get((p.namespace, p.name), ""),
             }
             for p in gpu.pods
@@ -145,7 +145,7 @@ def _pods(report: Report) -> list[str]:
         return []
     header = ("NAMESPACE", "POD", "NODE", f"GPU MEMORY ({report.unit})", "USED (MiB)", "STATUS")
     rows = [
-        (p.namespace, p.name, p.node or "-", str(p.gpu_memory), _mib(p.used_bytes), p.status)
+        (p.namespace, p.name, p.node or "-", str(p.held_per_pod), _mib(p.used_bytes), p.status)
         for p in report.pods
     ]
     lines = _table(header, rows)

@@ -9,7 +9,10 @@ the answer its inspect endpoint (``kubectl inspect gpushare``) gives:
   node's total is the memory capacity itself, not the count times one GPU;
 - on binding a pod, the extender writes which GPU (``ALIYUN_COM_GPU_MEM_IDX``)
   and how much memory of it (``ALIYUN_COM_GPU_MEM_POD``: its app containers'
-  limits, init containers never counted) into the pod's annotations;
+  limits, init containers never counted) into the pod's annotations; what
+  the scheduler in use holds for the pod there is the pod's model
+  (``webhook.decision.model``), so under ACK's scheduler it counts the
+  larger init container as the pod row does;
 - it counts a GPU-sharing pod (its app containers' memory limits add up to
   more than 0) on GPU ``i`` of the node it is bound to when that annotation
   names ``i`` (a whole number below the node's count), the pod is not being
@@ -25,16 +28,12 @@ waits for a scheduler name nobody answers. Pure: the clock is an argument.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from webhook.decision.plan import is_gpu_pod
-from webhook.decision.policy import Policy
-from webhook.decision.quantities import parse_quantity
-from webhook.errors import QuantityError
+from webhook.decision import Policy, go_value, is_gpu_pod, stored_gpu_pod
 
 INDEX = "ALIYUN_COM_GPU_MEM_IDX"  # the GPU of the node the extender placed the pod on
 RESERVED = "ALIYUN_COM_GPU_MEM_POD"  # the memory it reserved for the pod there
@@ -68,7 +67,7 @@ class Reservation:
     namespace: str
     name: str
     reserved: int  # its memory annotation: what the GPU's used amount adds up
-    limit: int  # its app containers' limits: what the extender's inspect lists for the pod
+    held_per_gpu: int  # what the scheduler in use holds for it on a GPU, from its model
 
 
 @dataclass(frozen=True)
@@ -146,28 +145,24 @@ class Accounts:
     elsewhere: int  # GPU pods bound to nodes not in the input or with no GPU memory
 
 
-def whole(raw: object) -> int:
-    """A quantity as the extender reads it (``int(q.Value())``: rounded up); 0 if malformed."""
-    try:
-        return math.ceil(parse_quantity(raw).value)
-    except QuantityError:
-        return 0
-
-
 def capacity_of(node: Mapping[str, Any], policy: Policy) -> Capacity:
     meta = node.get("metadata")
     status = node.get("status")
     raw = status.get("capacity") if isinstance(status, Mapping) else None
     capacity: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    total = whole(capacity[policy.resource_name]) if policy.resource_name in capacity else 0
+    total = go_value(capacity[policy.resource_name]) if policy.resource_name in capacity else 0
     count_name = policy.multi_gpu.resource_name
-    count = max(whole(capacity[count_name]), 0) if count_name in capacity else 0
+    count = max(go_value(capacity[count_name]), 0) if count_name in capacity else 0
     name = str(meta.get("name") or "") if isinstance(meta, Mapping) else ""
     return Capacity(name, total, count, total // count if count else 0)
 
 
-def app_limit(pod: Mapping[str, Any], policy: Policy) -> int:
-    """The memory limits of the pod's app containers, added up (init containers never count)."""
+def shares_gpu(pod: Mapping[str, Any], policy: Policy) -> bool:
+    """Whether the extender counts the pod as GPU-sharing (its ``IsGPUSharingPod``).
+
+    Its own reading of the app containers' memory limits (each rounded up,
+    malformed as 0) added up, over 0; what it holds is the pod's model.
+    """
     spec = pod.get("spec")
     containers = spec.get("containers") if isinstance(spec, Mapping) else None
     total = 0
@@ -175,8 +170,8 @@ def app_limit(pod: Mapping[str, Any], policy: Policy) -> int:
         resources = container.get("resources") if isinstance(container, Mapping) else None
         limits = resources.get("limits") if isinstance(resources, Mapping) else None
         if isinstance(limits, Mapping) and policy.resource_name in limits:
-            total += whole(limits[policy.resource_name])
-    return total
+            total += go_value(limits[policy.resource_name])
+    return total > 0
 
 
 def annotated(raw: object) -> int | None:
@@ -225,8 +220,8 @@ def account(
     unaccounted: dict[tuple[str, str], str] = {}
     elsewhere = 0
     for pod in pods:
-        node, limit = _node_name(pod), app_limit(pod, policy)
-        if not node or limit <= 0 or not _live(pod):
+        node = _node_name(pod)
+        if not node or not shares_gpu(pod, policy) or not _live(pod):
             continue
         key = _key(pod)
         found = gpu_nodes.get(node)
@@ -237,7 +232,8 @@ def account(
         index = annotated(raw)
         if index is not None and 0 <= index < found.count:
             amount = max(annotated(_annotations(pod).get(RESERVED)) or 0, 0)
-            on.setdefault((node, index), []).append(Reservation(*key, amount, limit))
+            held = stored_gpu_pod(pod, policy).held_per_gpu
+            on.setdefault((node, index), []).append(Reservation(*key, amount, held))
             placed[key], reserved[key] = index, amount
             continue
         if raw is None:

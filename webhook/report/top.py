@@ -2,9 +2,11 @@
 
 Reserved is what the GPU Share Scheduler Extender wrote at bind
 (``reserved``: ``ALIYUN_COM_GPU_MEM_IDX``/``ALIYUN_COM_GPU_MEM_POD``, in the
-policy's unit); the limit is what the webhook admitted (its status
-annotation, summed over the pod's containers); used is what the node
-agents report from the shim's regions now. Pure: the pods, the policy and
+policy's unit); the limit is what the scheduler in use holds for a pod the
+webhook set up (one with its status annotation), over all of its GPUs, from
+the pod's model (``webhook.decision.model``), as ``report`` and the admission
+metric count it; used is what the node agents report from the shim's
+regions now, over the pod's containers and GPUs. Pure: the pods, the policy and
 each node's agent report in, rows out.
 """
 
@@ -14,8 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.decision.policy import Policy
-from webhook.decision.quantities import UNIT_MIB
+from webhook.decision import BYTES_PER_MIB, Policy, stored_gpu_pod
 from webhook.node.scraped import Used
 from webhook.node.usage import pod_of
 from webhook.report.reserved import FINISHED, INDEX, RESERVED, annotated
@@ -28,7 +29,7 @@ class TopPod:
     namespace: str
     pod: str
     reserved_bytes: int | None
-    limit_bytes: int | None  # None: the webhook recorded no limit (it never saw the pod)
+    limit_bytes: int | None  # held for it over its GPUs; None: the webhook never set it up
     used_bytes: int | None  # None: its node's agent was not reached, or reported no region
     tampered: bool
 
@@ -80,7 +81,7 @@ def build_top(
     reports: Mapping[str, list[Used] | str],
 ) -> Top:
     """``reports``: per node, what its agent reported, or why it could not be asked."""
-    unit = UNIT_MIB[policy.memory_unit] * 2**20
+    unit = policy.mib_per_unit * BYTES_PER_MIB
     used = used_by_pod(reports)
     tampered = {
         (row.namespace, row.pod)
@@ -106,7 +107,9 @@ def build_top(
                 namespace=pod.namespace,
                 pod=pod.name,
                 reserved_bytes=None if reserved is None else max(reserved, 0) * unit,
-                limit_bytes=sum(pod.admitted.values()) if pod.admitted else None,
+                limit_bytes=stored_gpu_pod(obj, policy).held_per_pod_bytes
+                if pod.admitted
+                else None,
                 used_bytes=used.get(key),
                 tampered=key in tampered,
             )
@@ -139,7 +142,7 @@ def _gpus(pods: list[TopPod]) -> tuple[TopGpu, ...]:
 
 
 def _mib(value: int | None) -> str:
-    return "-" if value is None else f"{value // 2**20}Mi"
+    return "-" if value is None else f"{value // BYTES_PER_MIB}Mi"
 
 
 def as_table(top: Top) -> str:

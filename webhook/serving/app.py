@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
-from webhook.decision.admission import Result, admit
-from webhook.decision.nodesource import NodeSource, NoNodes
+from webhook.decision import NodeSource, NoNodes, Result, admit
 from webhook.serving.runtime import PolicySource
 
 if TYPE_CHECKING:
@@ -141,9 +140,7 @@ class Mutate:
         result = admit(body, prepared)
         elapsed = time.perf_counter() - started
         if state.metrics is not None:
-            state.metrics.observe(
-                result, elapsed, fallback=bool(prepared.note), policy=prepared.policy
-            )
+            state.metrics.observe(result, elapsed, fallback=bool(prepared.note))
         log_admission(result, elapsed)
         return result.status, result.encode(), []
 
@@ -196,8 +193,9 @@ def log_admission(result: Result, seconds: float) -> None:
     }
     if decision is not None and len(decision.problems) > 1:
         fields["reasons"] = list(decision.reasons)
-    if decision is not None and decision.demand:
-        fields["gpu_memory"] = decision.demand
+    if decision is not None and decision.gpu_pod.held_per_pod:
+        fields["gpu_memory_per_gpu"] = decision.gpu_pod.held_per_gpu
+        fields["gpu_memory_per_pod"] = decision.gpu_pod.held_per_pod
     if decision is not None and decision.warnings:
         fields["warnings"] = len(decision.warnings)
     if result.dry_run:

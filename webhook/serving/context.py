@@ -54,10 +54,6 @@ class ReloadingContext:
     def reloads(self) -> int:
         return self._files.reloads
 
-    @property
-    def last_error(self) -> str:
-        return self._files.error
-
     def get(self) -> ssl.SSLContext:
         return self._files.get()
 

@@ -13,7 +13,7 @@ import logging
 import os
 from typing import Any, Literal, TextIO
 
-from webhook.decision import jsontext
+from webhook.decision import encoder
 
 LogFormat = Literal["json", "text"]
 
@@ -26,7 +26,7 @@ class JsonFormatter(logging.Formatter):
     are formatted once a second.
     """
 
-    _encode = staticmethod(jsontext.encoder(ascii_only=False, separators=(", ", ": "), default=str))
+    _encode = staticmethod(encoder(ascii_only=False, separators=(", ", ": "), default=str))
 
     def __init__(self) -> None:
         super().__init__()

@@ -11,25 +11,14 @@ certificate, so any one of them can speak for the process.
 prometheus-client chooses its storage when it is first imported, from
 ``PROMETHEUS_MULTIPROC_DIR``: ``serve`` sets it (with
 ``webhook.serving.runtime.prepare_metrics_directory``) before importing this module.
-
-NB: writing a count to those files takes a lock and an mmap write per
-value, four to five values per review: a few percent of a worker's time.
-So each review is only tallied in memory, and the tally goes to the files
-at most ``FLUSH_INTERVAL`` later (by a thread of each worker, before every
-scrape that worker answers, and when it exits): a scrape may see another
-worker's last second of reviews on the next one, as with any scrape.
+Each review goes to the counters as it is answered.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import threading
-import time
-from bisect import bisect_left
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -38,49 +27,18 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from webhook.decision.admission import Result
-from webhook.decision.capacity import GpuNode
-from webhook.decision.nodesource import NodeSource
-from webhook.decision.policy import Policy
-from webhook.decision.quantities import UNIT_MIB
+from webhook.decision import BYTES_PER_MIB, GpuNode, NodeSource, Result
 from webhook.serving.runtime import METRICS_ENV, PolicySource
 
 log = logging.getLogger("gpushare_webhook.metrics")
 ENV = METRICS_ENV
 # Admission answers take 0.1–5 ms here; the apiserver's default timeout is 10 s.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0)
-FLUSH_INTERVAL = 1.0  # seconds a review may wait in a worker's tally
 
 
-def bytes_per_unit(policy: Policy) -> int:
-    return UNIT_MIB[policy.memory_unit] * 2**20
-
-
-def reserved(result: Result) -> int:
-    """GPU memory the pod reserves, in the policy's unit, over all of its GPUs."""
-    if result.decision is None:
-        return 0
-    app = init = 0
-    for ask in result.decision.asks:
-        if ask.kind == "containers":
-            app += ask.memory * ask.gpus
-        else:
-            init = max(init, ask.memory * ask.gpus)
-    return max(app, init)
-
-
-@dataclass
-class Tally:
-    """Reviews a process answered since its counts last went to the metric files."""
-
-    reviews: dict[tuple[str, str], int] = field(default_factory=dict)  # (outcome, reason)
-    # Observations per bucket, as prometheus-client keeps them: index i is the
-    # first bound at or above the duration, the last index is +Inf.
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
-    seconds: float = 0.0
-    fallback: int = 0
-    pods: dict[str, int] = field(default_factory=dict)  # by namespace
-    memory: dict[str, int] = field(default_factory=dict)  # bytes, by namespace
+def reserved_bytes(result: Result) -> int:
+    """GPU memory the scheduler holds for the pod over all of its GPUs (its model's), in bytes."""
+    return 0 if result.decision is None else result.decision.gpu_pod.held_per_pod_bytes
 
 
 class Metrics:
@@ -139,73 +97,24 @@ class Metrics:
             self.cut,
         )
         self.live = LiveState(policy, nodes, cert)
-        self._tally = Tally()
-        self._lock = threading.Lock()
-        self._flusher_pid = 0
 
-    def observe(self, result: Result, seconds: float, *, fallback: bool, policy: Policy) -> None:
-        outcome, reason = result.outcome, result.reason.value
+    def observe(self, result: Result, seconds: float, *, fallback: bool) -> None:
+        outcome = result.outcome
+        self.reviews.labels(outcome, result.reason.value).inc()
+        self.duration.observe(seconds)
+        if fallback and outcome not in ("untouched", "bad-request"):
+            self.fallback.inc()  # only GPU pods are bounded by the GPU size
         # A warned pod is admitted too; it counts as a GPU pod if any of it asks GPU memory.
-        admitted = outcome in ("mutated", "unchanged", "warned") and not result.dry_run
-        memory = reserved(result) * bytes_per_unit(policy) if admitted else 0
-        if self._flusher_pid != os.getpid():
-            self._start_flushing()
-        with self._lock:
-            tally = self._tally
-            key = (outcome, reason)
-            tally.reviews[key] = tally.reviews.get(key, 0) + 1
-            tally.buckets[bisect_left(BUCKETS, seconds)] += 1
-            tally.seconds += seconds
-            if fallback and outcome not in ("untouched", "bad-request"):
-                tally.fallback += 1  # only GPU pods are bounded by the GPU size
+        if outcome in ("mutated", "unchanged", "warned") and not result.dry_run:
+            memory = reserved_bytes(result)
             if memory:
-                namespace = result.namespace
-                tally.pods[namespace] = tally.pods.get(namespace, 0) + 1
-                tally.memory[namespace] = tally.memory.get(namespace, 0) + memory
-
-    def flush(self) -> None:
-        """Add what this process tallied to the metric files (or memory)."""
-        with self._lock:
-            if not self._tally.reviews:  # every review is counted there
-                return
-            tally, self._tally = self._tally, Tally()
-        for (outcome, reason), count in tally.reviews.items():
-            self.reviews.labels(outcome, reason).inc(count)
-        # NB: Histogram has no call for many observations at once; these are
-        # the values its observe() adds to, one per bucket and the sum.
-        for bucket, count in zip(self.duration._buckets, tally.buckets, strict=True):
-            if count:
-                bucket.inc(count)
-        self.duration._sum.inc(tally.seconds)
-        if tally.fallback:
-            self.fallback.inc(tally.fallback)
-        for namespace, count in tally.pods.items():
-            self.pods.labels(namespace).inc(count)
-        for namespace, count in tally.memory.items():
-            self.memory.labels(namespace).inc(count)
-
-    def _start_flushing(self) -> None:
-        """Flush from a thread of this process (a worker, after fork) and at its exit."""
-        with self._lock:
-            if self._flusher_pid == os.getpid():
-                return
-            self._flusher_pid = os.getpid()
-        threading.Thread(target=self._flush_forever, name="metrics-flush", daemon=True).start()
-        atexit.register(self.flush)
-
-    def _flush_forever(self) -> None:
-        while True:
-            time.sleep(FLUSH_INTERVAL)
-            try:
-                self.flush()
-            except Exception:  # a full disk must not stop the counting for good
-                log.exception("writing metrics failed")
+                self.pods.labels(result.namespace).inc()
+                self.memory.labels(result.namespace).inc(memory)
 
     def connection_cut(self, reason: str, count: int) -> None:
         self.cut.labels(reason).inc(count)
 
     def render(self) -> tuple[bytes, str]:
-        self.flush()
         registry = CollectorRegistry(auto_describe=True)
         if os.environ.get(ENV):
             MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
@@ -269,7 +178,7 @@ class LiveState(Collector):
         yield _gauge(
             "gpushare_largest_gpu_memory_bytes",
             "Memory of the largest single GPU pods are checked against",
-            largest * bytes_per_unit(policy),
+            largest * policy.mib_per_unit * BYTES_PER_MIB,
         )
         yield _gauge(
             "gpushare_gpu_sizes_from_policy",

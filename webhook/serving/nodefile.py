@@ -17,10 +17,15 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from webhook.decision.capacity import NodeFacts
-from webhook.decision.nodesource import NodeStatus, decode_snapshot, prepare
-from webhook.decision.policy import Policy
-from webhook.decision.prepared import Prepared
+from webhook.decision import (
+    Kept,
+    NodeFacts,
+    NodeStatus,
+    Policy,
+    Prepared,
+    decode_snapshot,
+    prepare,
+)
 from webhook.errors import SnapshotError
 from webhook.serving.reload import WatchedFiles, replaced
 
@@ -58,7 +63,7 @@ class SharedNodes:
             changed=replaced,
             on_error=lambda error: log.error("node snapshot not read, keeping the last: %s", error),
         )
-        self._last: tuple[Snapshot, Prepared] | None = None
+        self._kept = Kept()
 
     def liveness(self) -> tuple[bool, str]:
         """For /healthz: a server whose node watch is gone for good should be restarted."""
@@ -73,13 +78,11 @@ class SharedNodes:
         return status
 
     def prepared(self, policy: Policy) -> Prepared:
-        snapshot = self._file.get()
-        last = self._last
-        if last is not None and last[0] is snapshot and last[1].policy is policy:
-            return last[1]
-        status, facts = snapshot
-        view = prepare(facts, status, policy)
-        if view.uncounted and (last is None or last[1].uncounted != view.uncounted):
+        snapshot, last = self._file.get(), self._kept.last
+        view = self._kept.get(policy, snapshot, lambda: prepare(snapshot[1], snapshot[0], policy))
+        if view is last:
+            return view
+        if view.uncounted and (last is None or last.uncounted != view.uncounted):
             log.warning(
                 "%d node(s) report %s but no %s, so %s places no GPU pod on them: %s; "
                 "the GPU-share device plugin reports both",
@@ -89,5 +92,4 @@ class SharedNodes:
                 policy.placed_by.title,
                 ", ".join(view.uncounted[:10]) + (", ..." if len(view.uncounted) > 10 else ""),
             )
-        self._last = (snapshot, view)
         return view

@@ -1,12 +1,13 @@
-"""The state a serving process reads on each review: policy, GPU nodes, readiness.
+"""The policy a serving process reads on each review, and the folders its processes share.
 
 Owns the live policy (a file re-read when its bytes change, the last good
-policy kept while it is broken; see ``webhook.serving.reload``). The seam
-through which node facts reach the decision is
-``webhook.decision.capacity.NodeSource``.
-Every gunicorn worker holds its own copy and checks the file itself, at
-most once per ``interval``, so a change reaches all workers with no
-signalling between them.
+policy kept while it is broken; see ``webhook.serving.reload``), the
+metrics folder prometheus-client's processes share, and the private
+runtime folder of one ``serve``. Every gunicorn worker holds its own
+policy and checks the file itself, at most once per ``interval``, so a
+change reaches all workers with no signalling between them. Node facts
+reach the decision through ``webhook.decision.NodeSource``
+(``webhook.serving.nodefile``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
+from webhook.decision import DEFAULT_POLICY, Policy, parse_policy_text
 from webhook.errors import PolicyError
 from webhook.serving.reload import WatchedFiles
 
