@@ -317,6 +317,13 @@ def parse_policy(document: object) -> Policy:
         raise PolicyError(
             f"the policy must be a YAML mapping of keys, got {type(document).__name__}"
         )
+    if "apiVersion" in document and "kind" in document:
+        # The shipped policy.yaml is a ConfigMap: the likeliest wrong file to give.
+        raise PolicyError(
+            f"this is a Kubernetes {document['kind']}, not a policy; give the policy it holds "
+            "(a ConfigMap's data.policy.yaml), as kubectl get configmap NAME "
+            "-o jsonpath='{.data.policy\\.yaml}' writes it"
+        )
     policy = cast(Policy, build(Policy, document, ""))
     if policy.memory_unit == "MiB" and "gpuMemory" not in document:
         # NB: the default is 16 GiB in either unit; read as MiB it would be 16 MiB.
