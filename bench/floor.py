@@ -25,6 +25,7 @@ from typing import Any
 
 from flask import Flask, Response, request
 
+from webhook.decision import STATUS_ANNOTATION
 from webhook.serving.server import DEFAULT_IDLE_TIMEOUT, ServeOptions, WebhookServer
 
 
@@ -44,26 +45,37 @@ def fixed_patch(shape: str, ops: int) -> str:
     return base64.b64encode(json.dumps(patch).encode()).decode()
 
 
-Answer = Callable[[bytes, str], dict[str, Any]]
+Kind = tuple[str, bool]  # a review's namespace, and whether its pod is set up already
+Answer = Callable[[bytes, Kind], dict[str, Any]]
+
+
+def kind_of(review: dict[str, Any]) -> Kind:
+    """What makes two reviews alike: the namespace, and whether the webhook set the pod up.
+
+    By namespace: the pods of one are alike, and the readiness probe's
+    review (another pod, no namespace) is not the API server's. A pod the
+    webhook has set up is a reinvocation (an admission plugin changed the
+    pod after the webhook, as the ServiceAccount plugin does to the init
+    step), which the webhook answers without a patch.
+    """
+    asked = review["request"]
+    meta = (asked.get("object") or {}).get("metadata") or {}
+    return asked.get("namespace", ""), STATUS_ANNOTATION in (meta.get("annotations") or {})
 
 
 def answered_like(url: str, ca: Path) -> Answer:
-    """The response the webhook at ``url`` gives a namespace's first review, kept for the rest.
-
-    By namespace: the pods of one are alike, and the readiness probe's
-    review (another pod, no namespace) is not the API server's.
-    """
+    """The response the webhook at ``url`` gives the first review of a kind, kept for the rest."""
     context = ssl.create_default_context(cafile=str(ca))
-    kept: dict[str, dict[str, Any]] = {}
+    kept: dict[Kind, dict[str, Any]] = {}
 
-    def answer(body: bytes, namespace: str) -> dict[str, Any]:
-        if namespace not in kept:  # two first reviews at once ask twice and keep one answer
+    def answer(body: bytes, kind: Kind) -> dict[str, Any]:
+        if kind not in kept:  # two first reviews at once ask twice and keep one answer
             asked = urllib.request.Request(
                 url, data=body, headers={"Content-Type": "application/json"}
             )
             with urllib.request.urlopen(asked, context=context, timeout=5) as reply:
-                kept[namespace] = json.loads(reply.read())["response"]
-        return kept[namespace]
+                kept[kind] = json.loads(reply.read())["response"]
+        return kept[kind]
 
     return answer
 
@@ -78,7 +90,7 @@ def create_floor(patch: str = "", like: Answer | None = None) -> Flask:
         review = json.loads(raw)
         uid = review["request"]["uid"]
         if like:
-            response = {**like(raw, review["request"].get("namespace", "")), "uid": uid}
+            response = {**like(raw, kind_of(review)), "uid": uid}
         else:
             response = {"uid": uid, "allowed": True, **extra}
         body = {
