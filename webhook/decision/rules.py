@@ -33,6 +33,8 @@ class Looks(StrEnum):
     EPHEMERAL = "ephemeral container"  # each container added to a running pod
 
 
+_POD = frozenset({Looks.POD})
+_CONTAINER = frozenset({Looks.CONTAINER})
 _ALL_CONTAINERS = frozenset({Looks.CONTAINER, Looks.EPHEMERAL})
 
 
@@ -54,42 +56,36 @@ class Rule:
     code: int = 403  # the refusal's HTTP code
 
 
-def _rule(reason: Reason, looks: Looks, summary: str, *, stops_setup: bool = False) -> Rule:
-    return Rule(reason, frozenset({looks}), summary, stops_setup=stops_setup)
-
-
 # In the order the decision meets them: where the pod may run, how it could
 # reach the GPUs around the shim, what it asks, and what of it the set-up
 # would meet.
 RULES: tuple[Rule, ...] = (
-    _rule(Reason.NODE_NAME, Looks.POD, "spec.nodeName set: the GPU-share scheduler is skipped"),
-    _rule(Reason.SCHEDULER_NAME, Looks.POD, "another scheduler than the GPU-share one"),
-    _rule(Reason.HOST_PID, Looks.POD, "the node's process namespace"),
+    Rule(Reason.NODE_NAME, _POD, "spec.nodeName set: the GPU-share scheduler is skipped"),
+    Rule(Reason.SCHEDULER_NAME, _POD, "another scheduler than the GPU-share one"),
+    Rule(Reason.HOST_PID, _POD, "the node's process namespace"),
     Rule(Reason.PRIVILEGED, _ALL_CONTAINERS, "a privileged container"),
     Rule(Reason.SYS_ADMIN, _ALL_CONTAINERS, "an admin capability added"),
     Rule(Reason.VISIBLE_DEVICES, _ALL_CONTAINERS, "NVIDIA_VISIBLE_DEVICES set by the pod"),
-    _rule(Reason.COUNT_AS_LABEL, Looks.POD, "the GPU count as a label, where it is a resource"),
-    _rule(Reason.MULTI_GPU_UNSUPPORTED, Looks.POD, "more than one GPU, where one is all"),
-    _rule(Reason.BAD_QUANTITY, Looks.CONTAINER, "a GPU quantity that cannot be read"),
-    _rule(Reason.UNIT_CONFUSION, Looks.CONTAINER, "a byte suffix on a count of units"),
-    _rule(Reason.NON_POSITIVE, Looks.CONTAINER, "a GPU quantity of zero or less"),
-    _rule(Reason.FRACTIONAL, Looks.CONTAINER, "a fractional GPU quantity"),
-    _rule(Reason.OUT_OF_RANGE, Looks.CONTAINER, "a GPU quantity past what is counted"),
-    _rule(Reason.REQUEST_WITHOUT_LIMIT, Looks.CONTAINER, "a GPU request with no limit"),
-    _rule(Reason.REQUEST_DIFFERS, Looks.CONTAINER, "a GPU request unlike its limit"),
-    _rule(Reason.COUNT_AS_RESOURCE, Looks.CONTAINER, "the GPU count as a resource, where a label"),
-    _rule(Reason.SHARE_WITHOUT_MEMORY, Looks.CONTAINER, "a compute share or GPUs, no memory"),
-    _rule(Reason.UNEVEN_SPLIT, Looks.CONTAINER, "memory that does not split over its GPUs"),
-    _rule(Reason.EXCEEDS_GPU, Looks.CONTAINER, "more memory than the largest GPU"),
-    _rule(Reason.TOO_MANY_GPUS, Looks.CONTAINER, "more GPUs than the largest GPU node"),
-    _rule(Reason.INIT_EXCEEDS_RESERVATION, Looks.CONTAINER, "an init container over the hold"),
-    _rule(Reason.EXCEEDS_COMPUTE, Looks.POD, "compute shares over 100%"),
-    _rule(Reason.RESERVED_VOLUME, Looks.POD, "a volume named as ours", stops_setup=True),
-    _rule(Reason.SHIM_HOST_PATH, Looks.POD, "a volume of the shim's host path"),
-    _rule(
-        Reason.PRELOAD_VALUE_FROM, Looks.CONTAINER, "LD_PRELOAD from valueFrom", stops_setup=True
-    ),
-    _rule(Reason.SHIM_MOUNT, Looks.CONTAINER, "a mount that meets ours", stops_setup=True),
+    Rule(Reason.COUNT_AS_LABEL, _POD, "the GPU count as a label, where it is a resource"),
+    Rule(Reason.MULTI_GPU_UNSUPPORTED, _POD, "more than one GPU, where one is all"),
+    Rule(Reason.BAD_QUANTITY, _CONTAINER, "a GPU quantity that cannot be read"),
+    Rule(Reason.UNIT_CONFUSION, _CONTAINER, "a byte suffix on a count of units"),
+    Rule(Reason.NON_POSITIVE, _CONTAINER, "a GPU quantity of zero or less"),
+    Rule(Reason.FRACTIONAL, _CONTAINER, "a fractional GPU quantity"),
+    Rule(Reason.OUT_OF_RANGE, _CONTAINER, "a GPU quantity past what is counted"),
+    Rule(Reason.REQUEST_WITHOUT_LIMIT, _CONTAINER, "a GPU request with no limit"),
+    Rule(Reason.REQUEST_DIFFERS, _CONTAINER, "a GPU request unlike its limit"),
+    Rule(Reason.COUNT_AS_RESOURCE, _CONTAINER, "the GPU count as a resource, where a label"),
+    Rule(Reason.SHARE_WITHOUT_MEMORY, _CONTAINER, "a compute share or GPUs, no memory"),
+    Rule(Reason.UNEVEN_SPLIT, _CONTAINER, "memory that does not split over its GPUs"),
+    Rule(Reason.EXCEEDS_GPU, _CONTAINER, "more memory than the largest GPU"),
+    Rule(Reason.TOO_MANY_GPUS, _CONTAINER, "more GPUs than the largest GPU node"),
+    Rule(Reason.INIT_EXCEEDS_RESERVATION, _CONTAINER, "an init container over the hold"),
+    Rule(Reason.EXCEEDS_COMPUTE, _POD, "compute shares over 100%"),
+    Rule(Reason.RESERVED_VOLUME, _POD, "a volume named as ours", stops_setup=True),
+    Rule(Reason.SHIM_HOST_PATH, _POD, "a volume of the shim's host path"),
+    Rule(Reason.PRELOAD_VALUE_FROM, _CONTAINER, "LD_PRELOAD from valueFrom", stops_setup=True),
+    Rule(Reason.SHIM_MOUNT, _CONTAINER, "a mount that meets ours", stops_setup=True),
     Rule(
         Reason.MALFORMED_OBJECT,
         frozenset({Looks.POD, *_ALL_CONTAINERS}),
