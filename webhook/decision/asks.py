@@ -236,7 +236,7 @@ def _count(
 ) -> int:
     """A container's limit as a whole count (see whole_count).
 
-    NB: the usual plain "4" is taken as it is, before the container's label
+    The usual plain "4" is taken as it is, before the container's label
     for a message is built: on the accepted path the label would cost more
     than the check.
     """
@@ -269,7 +269,7 @@ def _default_compute(memory: int, policy: Policy, bounds: GpuBounds) -> int | No
     if default == "none":
         return None
     if default == "proportional":
-        # NB: at least 1 (a GPU of 1 unit); at most 100, for a container asking
+        # At least 1 (a GPU of 1 unit); at most 100, for a container asking
         # more than the GPU (refused, or under warn set up anyway).
         return min(100, max(1, -(-memory * 100 // bounds.largest_gpu)))
     return default

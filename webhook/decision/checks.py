@@ -153,7 +153,7 @@ def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout, found
             )
         host = volume.get("hostPath")
         path = host.get("path") if isinstance(host, dict) else None
-        # NB: a hostPath without a path is refused by the API server's validation.
+        # A hostPath without a path is refused by the API server's validation.
         if isinstance(path, str) and overlaps(path, policy.shim.host_path):
             found.append(
                 Problem(
@@ -228,7 +228,7 @@ def _check_mounts(
                 misshapen(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
             )
             continue
-        # NB: a mount without a string mountPath is refused by the API server's
+        # A mount without a string mountPath is refused by the API server's
         # validation; read as "/", it is no path of the webhook's.
         raw = mount.get("mountPath")
         path = folder(raw if type(raw) is str else "")
