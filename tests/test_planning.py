@@ -330,6 +330,28 @@ def test_one_problem_reads_as_before() -> None:
     assert not decision.message.startswith("the pod has")
 
 
+def test_a_problem_of_a_fields_shape_carries_the_fields_path() -> None:
+    shapes = pod(
+        container("a", gpu="1", env="A=B", volumeMounts={"a": 1}),
+        container("b", gpu="1", env=[{"name": "LD_PRELOAD", "valueFrom": {}}]),
+        volumes=["x"],
+    )
+    assert [(p.reason, p.path) for p in decide(shapes).problems] == [
+        ("malformed-object", "spec.volumes[0]"),
+        ("malformed-object", "spec.containers[0].env"),
+        ("malformed-object", "spec.containers[0].volumeMounts"),
+        ("preload-value-from", ""),
+    ]
+    meta = {**pod(container("a", gpu="1.5")), "metadata": {"labels": "x", "annotations": []}}
+    assert [(p.reason, p.path) for p in decide(meta).problems] == [
+        ("malformed-object", "metadata.labels"),
+        ("fractional", ""),
+        ("malformed-object", "metadata.annotations"),
+    ]
+    (whole,) = decide([]).problems
+    assert (whole.reason, whole.path, whole.code) == ("malformed-object", "object", 400)
+
+
 def test_shape_errors_are_400_and_name_the_field() -> None:
     decision = decide(pod(container(gpu="1", env="A=B")))
     assert decision.code == 400

@@ -31,10 +31,12 @@ import pytest
 import yaml
 
 from tests.helpers import apply, decode_patch, review, rewrite_case
+from webhook.decision import rules
 from webhook.decision.admission import admit
 from webhook.decision.nodesource import NodeStatus, facts_of, prepare
 from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
 from webhook.decision.prepared import Prepared
+from webhook.reasons import Reason
 
 RULES = Path(__file__).parent / "rules"
 UPDATE = os.environ.get("GOLDEN_UPDATE") == "1"
@@ -150,3 +152,51 @@ def test_each_rule_is_stated_once() -> None:
     assert len(rules) == len(set(rules)), "two cases state the same rule"
     ids = [_id(*case) for case in CASES]
     assert len(ids) == len(set(ids)), "two rules read alike in their first 80 characters"
+
+
+def _reasons(answer: dict[str, Any]) -> set[str]:
+    """Every reason an answer names: its own, and each its audit annotations list."""
+    audit = answer.get("auditAnnotations", {})
+    named = {answer.get("reason"), audit.get("reason")}
+    named.update(audit.get("reasons", "").split(","))
+    return {reason for reason in named if reason}
+
+
+def test_each_registered_rule_has_a_case_and_each_refusal_a_rule() -> None:
+    """A new rule is an entry of the registry and a case here; neither goes without the other."""
+    refused = {
+        reason
+        for _, _, case in CASES
+        if case["answer"]["outcome"] in ("rejected", "warned")
+        for reason in _reasons(case["answer"]) - {"mutated", "unchanged"}
+    }
+    assert refused == {rule.reason.value for rule in rules.RULES}
+
+
+def test_under_warn_a_rule_that_stops_the_set_up_leaves_the_pod_as_it_came() -> None:
+    stopping = {reason.value for reason in rules.NOT_INJECTABLE}
+    assert stopping, "the registry marks the rules the set-up would meet"
+    met = False
+    for _, _, case in CASES:
+        answer = case["answer"]
+        if answer["outcome"] == "warned" and _reasons(answer) & stopping:
+            met = True
+            assert not {"setUp", "patch"} & set(answer), case["rule"]
+    assert met, "a rule case warns of a rule that stops the set-up"
+
+
+def test_an_ephemeral_container_is_refused_only_by_rules_that_look_at_one() -> None:
+    looking = {rule.reason.value for rule in rules.RULES if rules.Looks.EPHEMERAL in rule.looks_at}
+    for _, _, case in CASES:
+        answer = case["answer"]
+        if case.get("request", {}).get("subResource") == "ephemeralcontainers" and answer[
+            "outcome"
+        ] in ("rejected", "warned"):
+            assert _reasons(answer) <= looking, case["rule"]
+
+
+def test_a_refusal_has_its_rules_code() -> None:
+    for _, _, case in CASES:
+        answer = case["answer"]
+        if answer["outcome"] == "rejected":
+            assert answer["code"] == rules.BY_REASON[Reason(answer["reason"])].code, case["rule"]

@@ -61,7 +61,7 @@ class ShapeError(PodError):
 
     def __init__(self, path: str, expected: str, got: object) -> None:
         super().__init__(
-            f"{path}: expected {expected}, got {_json_type(got)}",
+            shape_message(path, expected, got),
             reason=Reason.MALFORMED_OBJECT,
             code=400,
         )
@@ -90,6 +90,11 @@ class RegionError(WebhookError):
 
 class SnapshotError(WebhookError):
     """The node snapshot a worker reads is not one the node watch wrote (kept: the last good)."""
+
+
+def shape_message(path: str, expected: str, got: object) -> str:
+    """What a field of the wrong JSON type is told: its path, what it must be, what it is."""
+    return f"{path}: expected {expected}, got {_json_type(got)}"
 
 
 def _json_type(value: object) -> str:

@@ -87,7 +87,7 @@ def label_selector(text: str) -> str:
     return text
 
 
-# NB: serve's defaults live in webhook.serving (ServeOptions); they are written
+# Serve's defaults live in webhook.serving (ServeOptions); they are written
 # here too so --help needs no gunicorn import, and a test holds the two equal.
 SERVE_DEFAULTS = {
     "workers": 2,

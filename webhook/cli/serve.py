@@ -66,7 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = _serve_options(args, cert, key, log_config, state, drain_flag=drain_flag.path)
     master = os.getpid()
     app = create_app(state)
-    # NB: a forked process shares this one's memory until it writes to it,
+    # A forked process shares this one's memory until it writes to it,
     # and a garbage collection there writes to every object it scans. Frozen
     # objects are never scanned, so the node watch and the workers keep them
     # shared (measured: bench/run.py --memory).
@@ -221,7 +221,7 @@ def _bind(bind: str) -> tuple[str, str]:
 def _check_port_free(host: str, port: int, bind: str) -> None:
     """Refuse a port another program, or another ``serve``, already listens on.
 
-    NB: the workers share the port with SO_REUSEPORT, so a second server
+    The workers share the port with SO_REUSEPORT, so a second server
     started on a busy port would be let in by the kernel and handed half of
     the connections. A probe bound without SO_REUSEPORT fails against any
     listener, ours included (SO_REUSEADDR only passes connections that are

@@ -158,7 +158,7 @@ def _read(
 
 
 def _owner(mwc: Any) -> client.V1OwnerReference:
-    # NB: the Secrets belong to the webhook configuration they serve: deleting
+    # The Secrets belong to the webhook configuration they serve: deleting
     # it (kubectl delete -k, helm uninstall) lets the garbage collector take
     # them too, so an uninstall leaves nothing behind.
     return client.V1OwnerReference(
@@ -208,7 +208,7 @@ def _patch_ca_bundles(
     ]
     if not ops:
         return 0
-    # NB: a JSON patch with a test of resourceVersion would fail on a
+    # A JSON patch with a test of resourceVersion would fail on a
     # concurrent edit; the indexes come from the object just read.
     guard = {
         "op": "test",

@@ -122,7 +122,7 @@ class NodeWatcher:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        # NB: closing the response would wait for the thread reading it (they
+        # Closing the response would wait for the thread reading it (they
         # share a lock); shutting its socket down ends that read at once.
         sock = getattr(
             getattr(getattr(self._stream, "response", None), "connection", None), "sock", None

@@ -54,7 +54,7 @@ def get_json(
 ) -> Any:
     """GET ``path`` with its query; the response, status checked, body not yet read.
 
-    NB: for reads of one kind as plain JSON. The generated API classes
+    For reads of one kind as plain JSON. The generated API classes
     import their pydantic models when first used: about 20 MiB for
     ``CoreV1Api``, in a process (the node watch) that needs a few fields of
     one kind. The request still goes through the client's own set-up: its

@@ -116,7 +116,7 @@ def admit(body: bytes, prepared: Prepared) -> Result:
             decision = dataclasses.replace(decision, notes=(*decision.notes, note))
         answer = _respond(uid, decision)
     except Exception as error:  # a bug must become a denial, never a dropped pod
-        # NB: like controller-runtime's panic recovery, the failure is answered
+        # Like controller-runtime's panic recovery, the failure is answered
         # in-band (HTTP 200, allowed: false, code 500) with a readable reason.
         # kube-apiserver reads that as a denial, not as a call failure: the
         # pod is refused under failurePolicy Ignore as under Fail (tested in

@@ -17,6 +17,7 @@ from webhook.decision.capacity import GpuBounds
 from webhook.decision.fields import container_label, containers, label, mapping
 from webhook.decision.policy import Policy
 from webhook.decision.quantities import MemoryUnit, parse_quantity, plain_count, whole_count
+from webhook.decision.rules import Problem, Problems, problem_of
 from webhook.errors import PodError, QuantityError
 from webhook.reasons import Reason
 
@@ -103,7 +104,7 @@ def collect_asks(
     policy: Policy,
     bounds: GpuBounds,
     labels: Mapping[str, Any],
-    found: list[PodError],
+    found: Problems,
 ) -> list[ContainerAsk]:
     """The ask of every GPU container; a container whose ask cannot be read is a problem found.
 
@@ -117,26 +118,26 @@ def collect_asks(
         pod_gpus = _label_count(labels, count_name) if by_label else None
         every = containers(spec)
     except PodError as error:
-        found.append(error)
+        found.append(problem_of(error))
         return []
     if not by_label and count_name in labels:
         found.append(
-            QuantityError(
+            Problem(
+                Reason.COUNT_AS_LABEL,
                 f"the pod's label {count_name} asks for GPUs, but this cluster reads the GPU "
                 f"count from each container's resources (policy multiGpu.countFrom: resource): "
                 f"set limits.{count_name} in the GPU containers and remove the label",
-                reason=Reason.COUNT_AS_LABEL,
             )
         )
     if pod_gpus is not None and pod_gpus > 1 and not policy.placed_by.spans_gpus:
-        found.append(_one_gpu_only(f"the pod's label {count_name}", pod_gpus, policy))
+        found.append(problem_of(_one_gpu_only(f"the pod's label {count_name}", pod_gpus, policy)))
         pod_gpus = None  # each container is still read, for its own problems
     asks = []
     for kind, index, container in every:
         try:
             ask = _ask(kind, index, container, policy, bounds, pod_gpus=pod_gpus)
         except PodError as error:
-            found.append(error)
+            found.append(problem_of(error))
             continue
         if ask is not None:
             asks.append(ask)
@@ -235,7 +236,7 @@ def _count(
 ) -> int:
     """A container's limit as a whole count (see whole_count).
 
-    NB: the usual plain "4" is taken as it is, before the container's label
+    The usual plain "4" is taken as it is, before the container's label
     for a message is built: on the accepted path the label would cost more
     than the check.
     """
@@ -268,7 +269,7 @@ def _default_compute(memory: int, policy: Policy, bounds: GpuBounds) -> int | No
     if default == "none":
         return None
     if default == "proportional":
-        # NB: at least 1 (a GPU of 1 unit); at most 100, for a container asking
+        # At least 1 (a GPU of 1 unit); at most 100, for a container asking
         # more than the GPU (refused, or under warn set up anyway).
         return min(100, max(1, -(-memory * 100 // bounds.largest_gpu)))
     return default

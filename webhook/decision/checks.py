@@ -6,9 +6,9 @@ it would reach past the shim (hostPID, privileged, admin capabilities,
 NVIDIA_VISIBLE_DEVICES), and what of the pod the webhook's own volume,
 mounts and LD_PRELOAD must not meet (whether its asks can fit a GPU at
 all is ``webhook.decision.fit``).
-Each check adds a PodError (or ShapeError), whose message names the field
-and the fix, to the list of problems it is handed, and goes on: a pod's
-author hears every problem of the pod in one answer, not one per try.
+Each check adds a ``rules.Problem``, whose message names the field and the
+fix, to the list of problems it is handed, and goes on: a pod's author
+hears every problem of the pod in one answer, not one per try.
 None returns a patch.
 """
 
@@ -21,7 +21,8 @@ from webhook.decision.asks import ContainerAsk
 from webhook.decision.fields import CONTAINER_KINDS, asks_resource, each_container, label, mapping
 from webhook.decision.layout import PRELOAD, Layout
 from webhook.decision.policy import Policy, folder, overlaps
-from webhook.errors import PodError, ShapeError
+from webhook.decision.rules import Problem, Problems, misshapen, problem_of
+from webhook.errors import ShapeError
 from webhook.reasons import Reason
 
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -30,31 +31,29 @@ VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 _NO_DEVICES = {"", "none", "void"}
 _ADMIN_CAPABILITIES = {"SYS_ADMIN", "CAP_SYS_ADMIN", "ALL"}
 
-Problems = list[PodError]  # what the checks found, in the order of the pod's fields
-
 
 def check_placement(spec: Mapping[str, Any], policy: Policy, found: Problems) -> None:
     node_name = spec.get("nodeName")
     if node_name:
         found.append(
-            PodError(
+            Problem(
+                Reason.NODE_NAME,
                 f"spec.nodeName is set to {node_name!r}: a pod bound to a node skips "
                 f"{policy.scheduler_name}, so no GPU would be assigned to it; remove spec.nodeName "
                 "and use a nodeSelector or node affinity to choose the node",
-                reason=Reason.NODE_NAME,
             )
         )
     scheduler = spec.get("schedulerName")
     if scheduler not in (None, "", DEFAULT_SCHEDULER, policy.scheduler_name):
         found.append(
-            PodError(
+            Problem(
+                Reason.SCHEDULER_NAME,
                 f"spec.schedulerName is {scheduler!r}, but pods that ask for "
                 f"{policy.resource_name} must be placed by {policy.scheduler_name!r}, where "
                 f"{policy.placed_by.title} tracks GPU memory per card; remove "
                 f"spec.schedulerName or set it to {policy.scheduler_name!r} (a cluster whose "
                 "scheduler serves GPU pods under another profile names it in the policy's "
                 "schedulerName)",
-                reason=Reason.SCHEDULER_NAME,
             )
         )
 
@@ -62,10 +61,10 @@ def check_placement(spec: Mapping[str, Any], policy: Policy, found: Problems) ->
 def check_confinement(spec: Mapping[str, Any], policy: Policy, found: Problems) -> None:
     if policy.security.reject_privileged and spec.get("hostPID") is True:
         found.append(
-            PodError(
+            Problem(
+                Reason.HOST_PID,
                 "spec.hostPID is true: a GPU-memory pod that shares the node's process namespace "
                 "can reach other pods' GPU processes and memory; remove hostPID",
-                reason=Reason.HOST_PID,
             )
         )
     for kind, container in each_container(spec, CONTAINER_KINDS):
@@ -83,11 +82,11 @@ def check_privilege(
         return
     if context.get("privileged") is True:
         found.append(
-            PodError(
+            Problem(
+                Reason.PRIVILEGED,
                 f"{label(kind, container)} sets securityContext.privileged: true; a privileged "
                 "container sees every GPU of the node, past the device cgroup and the GPU shim's "
                 "limit, in a GPU-memory pod: remove privileged",
-                reason=Reason.PRIVILEGED,
             )
         )
     capabilities = context.get("capabilities")
@@ -96,11 +95,11 @@ def check_privilege(
         bad = sorted({str(c) for c in added} & _ADMIN_CAPABILITIES)
         if bad:
             found.append(
-                PodError(
+                Problem(
+                    Reason.SYS_ADMIN,
                     f"{label(kind, container)} adds capability {bad[0]} "
                     "(securityContext.capabilities.add); with it a process can remount the GPU "
                     f"shim away or reach other GPUs in a GPU-memory pod: remove {bad[0]}",
-                    reason=Reason.SYS_ADMIN,
                 )
             )
 
@@ -124,11 +123,11 @@ def check_visible_devices(
         if asks_resource(container, (policy.resource_name,), ("limits",)):
             fix = f"remove the variable: its {policy.resource_name} already gets it a GPU"
         found.append(
-            PodError(
+            Problem(
+                Reason.VISIBLE_DEVICES,
                 f"{label(kind, container)} sets {VISIBLE_DEVICES} to {shown} (env[{index}]); the "
                 "NVIDIA runtime would hand it those GPUs with no memory limit. GPUs come from the "
                 f"device plugin: {fix}",
-                reason=Reason.VISIBLE_DEVICES,
             )
         )
         return  # one per container: the fix is the same for a second entry
@@ -139,29 +138,29 @@ def check_volumes(spec: Mapping[str, Any], policy: Policy, layout: Layout, found
     ours = {volume["name"]: volume for volume in layout.volumes}
     for index, volume in enumerate(_listed(spec, "volumes", None, found)):
         if not isinstance(volume, dict):
-            found.append(ShapeError(f"spec.volumes[{index}]", "a volume object", volume))
+            found.append(misshapen(f"spec.volumes[{index}]", "a volume object", volume))
             continue
         name = volume.get("name")
         if isinstance(name, str) and name in ours:
             if volume == ours[name]:
                 continue  # ours, from an earlier review
             found.append(
-                PodError(
+                Problem(
+                    Reason.RESERVED_VOLUME,
                     f"spec.volumes[{index}] is named {name!r}, a name the webhook reserves for "
                     "the GPU shim; rename the volume",
-                    reason=Reason.RESERVED_VOLUME,
                 )
             )
         host = volume.get("hostPath")
         path = host.get("path") if isinstance(host, dict) else None
-        # NB: a hostPath without a path is refused by the API server's validation.
+        # A hostPath without a path is refused by the API server's validation.
         if isinstance(path, str) and overlaps(path, policy.shim.host_path):
             found.append(
-                PodError(
+                Problem(
+                    Reason.SHIM_HOST_PATH,
                     f"spec.volumes[{index}] ({volume.get('name')!r}) mounts host path "
                     f"{path!r}, which holds the GPU shim; a GPU pod may not mount it "
                     "itself: remove the volume",
-                    reason=Reason.SHIM_HOST_PATH,
                 )
             )
 
@@ -194,14 +193,14 @@ def check_gpu_container(
         name = entry.get("name") if isinstance(entry, dict) else None
         if type(name) is not str:
             found.append(
-                ShapeError(f"{ask.label} env[{index}]", "an object with a string name", entry)
+                misshapen(f"{ask.label} env[{index}]", "an object with a string name", entry)
             )
         if name == PRELOAD and "valueFrom" in entry:
             found.append(
-                PodError(
+                Problem(
+                    Reason.PRELOAD_VALUE_FROM,
                     f"{ask.label} sets {PRELOAD} with valueFrom; the webhook must know its value "
                     "to put the GPU shim first: set it with a plain value",
-                    reason=Reason.PRELOAD_VALUE_FROM,
                 )
             )
     mounts = _listed(container, "volumeMounts", ask, found)
@@ -226,10 +225,10 @@ def _check_mounts(
     for index, mount in enumerate(mounts):
         if not isinstance(mount, dict):
             found.append(
-                ShapeError(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
+                misshapen(f"{ask.label} volumeMounts[{index}]", "a volume mount object", mount)
             )
             continue
-        # NB: a mount without a string mountPath is refused by the API server's
+        # A mount without a string mountPath is refused by the API server's
         # validation; read as "/", it is no path of the webhook's.
         raw = mount.get("mountPath")
         path = folder(raw if type(raw) is str else "")
@@ -239,38 +238,38 @@ def _check_mounts(
             ours[path] = index
         elif name in layout.volume_names:
             found.append(
-                PodError(
+                Problem(
+                    Reason.SHIM_MOUNT,
                     f"{ask.label} mounts the webhook's volume {name!r} at "
                     f"{mount.get('mountPath')!r}; it may only be mounted where the webhook puts "
                     "it: remove that mount",
-                    reason=Reason.SHIM_MOUNT,
                 )
             )
         elif path.startswith(shim_dir):
             found.append(
-                PodError(
+                Problem(
+                    Reason.SHIM_MOUNT,
                     f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
                     "webhook mounts the GPU shim; it would replace the shim and escape its limit: "
                     f"mount it somewhere outside {shim_dir[:-1]}",
-                    reason=Reason.SHIM_MOUNT,
                 )
             )
         elif path in holds:
             found.append(
-                PodError(
+                Problem(
+                    Reason.SHIM_MOUNT,
                     f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, where the "
                     f"webhook puts {holds[path]}; it would loosen the GPU shim's limits: "
                     "remove that mount",
-                    reason=Reason.SHIM_MOUNT,
                 )
             )
         elif path.startswith(layout.region_dir):
             found.append(
-                PodError(
+                Problem(
+                    Reason.SHIM_MOUNT,
                     f"{ask.label} mounts volume {name!r} at {mount.get('mountPath')!r}, inside "
                     "the folder of the GPU shim's accounting; it could hand the shim a prepared "
                     f"region: mount it somewhere outside {layout.region_dir[:-1]}",
-                    reason=Reason.SHIM_MOUNT,
                 )
             )
     return ours
@@ -280,7 +279,7 @@ def check_annotations(metadata: Mapping[str, Any], found: Problems) -> None:
     try:
         mapping(metadata, "annotations", path="metadata", optional=True)
     except ShapeError as error:
-        found.append(error)
+        found.append(problem_of(error))
 
 
 def _listed(
@@ -296,5 +295,5 @@ def _listed(
         return value
     if value is not None:
         path = "spec" if owner is None else f"spec.{owner.kind}[{owner.position}]"
-        found.append(ShapeError(f"{path}.{key}", "a list", value))
+        found.append(misshapen(f"{path}.{key}", "a list", value))
     return []

@@ -25,10 +25,10 @@ def decode(body: bytes) -> tuple[str, Request]:
     if not body:
         raise ReviewError("empty body: expected an AdmissionReview JSON object")
     try:
-        # NB: a key given twice is read as json.loads reads it (the last wins):
+        # A key given twice is read as json.loads reads it (the last wins):
         # the API server writes each review from its own typed objects and
-        # never sends one, and looking cost about an eighth of a review's CPU.
-        # It is looked for where a person's file is read (cli.offline).
+        # never sends one, so it is not looked for here (its cost: docs/design.md),
+        # only where a person's file is read (cli.offline).
         review = json.loads(body)
     except RecursionError:
         raise ReviewError("body is nested too deeply to be an AdmissionReview") from None

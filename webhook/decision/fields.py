@@ -49,7 +49,7 @@ def container_label(kind: str, name: object) -> str:
 
 
 def label(kind: str, container: Mapping[str, Any]) -> str:
-    # NB: labels and field paths are built only when a message needs them:
+    # Labels and field paths are built only when a message needs them:
     # on the accepted path they would cost more than the checks themselves.
     return container_label(kind, container.get("name"))
 

@@ -5,7 +5,7 @@ largest GPU or asking more GPUs than the largest GPU node has, the
 containers together over one GPU (what the scheduler holds for the pod,
 from its model), compute shares over 100%, and, under a scheduler that
 holds the app containers' sum only, an init container asking more. Each
-adds a PodError naming the field and the fix to the problems it is
+adds a ``rules.Problem`` naming the field and the fix to the problems it is
 handed, as ``webhook.decision.checks`` does.
 """
 
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.capacity import GpuBounds
-from webhook.decision.checks import Problems
 from webhook.decision.model import GpuPod
 from webhook.decision.policy import Policy
-from webhook.errors import PodError
+from webhook.decision.rules import Problem, Problems
 from webhook.reasons import Reason
 
 
@@ -34,12 +33,12 @@ def check_fit(pod: GpuPod, policy: Policy, bounds: GpuBounds, found: Problems) -
             f"{a.name}={a.memory_per_gpu}" for a in pod.asks if a.kind == "containers"
         )
         found.append(
-            PodError(
+            Problem(
+                Reason.EXCEEDS_GPU,
                 f"the pod's containers together ask {pod.held_per_gpu} {unit} of "
                 f"{policy.resource_name} ({parts}), and they share one GPU, but "
                 f"{bounds.describe(unit)}; lower the requests or split the pod so its "
                 "containers fit one GPU",
-                reason=Reason.EXCEEDS_GPU,
             )
         )
     if pod.compute_asked > 100:
@@ -47,11 +46,11 @@ def check_fit(pod: GpuPod, policy: Policy, bounds: GpuBounds, found: Problems) -
             f"{a.name}={a.compute}" for a in pod.asks if a.kind == "containers" and a.compute_asked
         )
         found.append(
-            PodError(
+            Problem(
+                Reason.EXCEEDS_COMPUTE,
                 f"the pod's containers together ask {pod.compute_asked}% of one GPU's compute "
                 f"({policy.compute.resource_name}: {parts}), more than the 100% a GPU has; lower "
                 "them so they add up to 100 or less",
-                reason=Reason.EXCEEDS_COMPUTE,
             )
         )
 
@@ -64,20 +63,20 @@ def _check_container_fits(
     too_big = ask.memory_per_gpu > bounds.largest_gpu
     if too_big:
         found.append(
-            PodError(
+            Problem(
+                Reason.EXCEEDS_GPU,
                 f"{ask.label} asks {ask.memory_per_gpu} {unit} of {policy.resource_name} per GPU, "
                 "but "
                 f"{bounds.describe(unit)}: the pod could never be scheduled; ask at most "
                 f"{bounds.largest_gpu}{_mib_hint(ask.memory_per_gpu, unit, bounds.largest_gpu)}",
-                reason=Reason.EXCEEDS_GPU,
             )
         )
     if ask.gpus > bounds.max_gpus:
         found.append(
-            PodError(
+            Problem(
+                Reason.TOO_MANY_GPUS,
                 f"{ask.label} asks {ask.gpus} GPUs, but the largest GPU node has "
                 f"{bounds.max_gpus} ({bounds.gpus_source}); ask at most {bounds.max_gpus}",
-                reason=Reason.TOO_MANY_GPUS,
             )
         )
     return too_big
@@ -106,13 +105,13 @@ def _check_init_within(pod: GpuPod, policy: Policy, bounds: GpuBounds, found: Pr
             else f"ask {policy.resource_name} in the app container that uses the GPU"
         )
         found.append(
-            PodError(
+            Problem(
+                Reason.INIT_EXCEEDS_RESERVATION,
                 f"{ask.label} asks {ask.memory_per_gpu} {unit} of {policy.resource_name}, "
                 f"but {held}, "
                 f"and {scheduler} holds only that on the GPU it picks (it does not count init "
                 f"containers): the init container's limit would reach into a neighbour's share; "
                 f"{fix}",
-                reason=Reason.INIT_EXCEEDS_RESERVATION,
             )
         )
 

@@ -79,7 +79,7 @@ def _ask(resource: str, c: str = "c") -> str:
 def _pinned(name: str, holds: str) -> str:
     """The variable is set, and every entry of it ``holds`` (a condition on ``e.value``).
 
-    NB: exists and all over the env, not a filtered list: no list is made for
+    ``exists`` and ``all`` over the env, not a filtered list: no list is made for
     a pod that passes, which is every pod the webhook set up.
     """
     return (
@@ -107,7 +107,7 @@ _WANT = (
     + _ask("variables.resource", "w.c")
     + " * variables.mibPerUnit / (variables.perDevice ? 1 : w.gpus)) + 'm')})"
 )
-# NB: a constant pattern, which the API server compiles once with the policy; one
+# A constant pattern, which the API server compiles once with the policy; one
 # made from the variable's name would be compiled again for every entry of every pod.
 _DEVICE = (
     "e.name.startsWith(variables.memoryLimit + '_') && "
@@ -190,7 +190,7 @@ def _missing(pieces: list[tuple[str, str]]) -> str:
     return "[" + ", ".join(f"{holds} ? '' : {what}" for holds, what in pieces) + "]"
 
 
-# NB: the API server evaluates a variable only when an expression reads it. A pod
+# The API server evaluates a variable only when an expression reads it. A pod
 # the webhook set up is judged by ``ok`` alone, conditions joined by &&; the lists
 # of what is missing, and their words, are made only for a pod that fails.
 LOGIC: list[tuple[str, str]] = [

@@ -267,7 +267,7 @@ def _preloaded(user_value: str, shim: str) -> str:
 
 def annotation_ops(metadata: Mapping[str, Any], pod: GpuPod, prepared: Prepared) -> list[Op]:
     """The status annotation: what the webhook set, for people and for ``report``-like tools."""
-    # NB: the pods of one workload ask alike, so their status reads alike:
+    # The pods of one workload ask alike, so their status reads alike:
     # its JSON costs more than all the rest of the pod's annotation ops.
     value = prepared.remember((_status_text, pod), lambda: _status_text(pod, prepared.policy))
     annotations = metadata.get("annotations")

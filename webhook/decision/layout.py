@@ -130,7 +130,7 @@ def layout_of(policy: Policy) -> Layout:
     volumes = [{"name": VOLUME_NAME, "hostPath": {"path": shim.host_path, "type": "Directory"}}]
     mounts = [_mount(VOLUME_NAME, shim.mount_path, "the GPU shim")]
     if shim.ld_so_preload:
-        # NB: <hostPath>/ld.so.preload lists the library by its path in the container.
+        # <hostPath>/ld.so.preload lists the library by its path in the container.
         mounts.append(
             _mount(VOLUME_NAME, LD_SO_PRELOAD, "the list of preloaded libraries", "ld.so.preload")
         )

@@ -33,7 +33,7 @@ from webhook.decision.asks import ContainerAsk, collect_asks
 from webhook.decision.capacity import bounds_from_policy
 from webhook.decision.policy import Policy
 from webhook.decision.quantities import BYTES_PER_MIB
-from webhook.errors import PodError
+from webhook.decision.rules import Problems
 
 APP = "containers"  # the kind of an app container's ask; init containers are "initContainers"
 
@@ -100,7 +100,7 @@ def stored_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> GpuPod:
     labels = meta.get("labels") if isinstance(meta, Mapping) else None
     if not isinstance(spec, Mapping):
         return gpu_pod((), policy)
-    found: list[PodError] = []
+    found: Problems = []
     asks = collect_asks(
         spec,
         policy,

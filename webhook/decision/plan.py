@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from webhook.decision import affinity, checks, fit, inject, model
 from webhook.decision.asks import ContainerAsk, collect_asks
@@ -30,6 +30,7 @@ from webhook.decision.model import NO_GPU_POD, GpuPod
 from webhook.decision.patch import Op, plain
 from webhook.decision.policy import Policy
 from webhook.decision.prepared import Prepared
+from webhook.decision.rules import NOT_INJECTABLE, Problem, Problems, problem_of
 from webhook.errors import PodError, ShapeError
 from webhook.reasons import Reason
 
@@ -45,21 +46,7 @@ __all__ = [
 
 Outcome = Literal["untouched", "mutated", "unchanged", "rejected", "warned"]
 MAX_PROBLEMS = 10  # named in a refusal; a pod with more hears how many more
-# Problems with what the webhook would add (a name or path of the pod's that
-# the shim's volume or mounts would clash with, an LD_PRELOAD it cannot
-# read, a field it cannot read): under warn, such a pod is admitted as it
-# came. Every other problem leaves the set-up well defined, so it is made.
 WOULD_REFUSE = "gpushare-webhook would refuse this pod: "  # a warning's start, under warn
-NOT_INJECTABLE = frozenset(
-    {Reason.MALFORMED_OBJECT, Reason.RESERVED_VOLUME, Reason.SHIM_MOUNT, Reason.PRELOAD_VALUE_FROM}
-)
-
-
-class Problem(NamedTuple):
-    """One reason a pod is refused: a stable label and the message that names the fix."""
-
-    reason: Reason
-    message: str
 
 
 @dataclass(frozen=True)
@@ -106,10 +93,10 @@ def untouched(reason: Reason) -> Decision:
     return Decision(outcome="untouched", reason=reason)
 
 
-def _refused(found: list[PodError]) -> Decision:
+def _refused(found: Problems) -> Decision:
     """Refused for every problem found; the first one's reason and code stand for them all."""
     first = found[0]
-    problems = tuple(Problem(error.reason, str(error)) for error in found)
+    problems = tuple(found)
     return Decision(
         outcome="rejected",
         reason=first.reason,
@@ -122,7 +109,7 @@ def _refused(found: list[PodError]) -> Decision:
 _NOTHING_DONE = Decision(outcome="unchanged", reason=Reason.UNCHANGED)  # outcome, reason replaced
 
 
-def _warned(found: list[PodError], done: Decision | None = None) -> Decision:
+def _warned(found: Problems, done: Decision | None = None) -> Decision:
     """Admitted under ``enforcement: warn``, with a warning for each refusal it would have had.
 
     ``done`` is what the webhook set up anyway (its ops, model and notes),
@@ -138,7 +125,7 @@ def _warned(found: list[PodError], done: Decision | None = None) -> Decision:
     )
 
 
-def _judged(found: list[PodError], warn: bool) -> Decision:
+def _judged(found: Problems, warn: bool) -> Decision:
     """The pod's problems, as a refusal or (under warn) as warnings on an untouched pod."""
     return _warned(found) if warn else _refused(found)
 
@@ -172,7 +159,7 @@ def plan(
     try:
         return _plan(pod, prepared, namespace=namespace, bounds=bounds, warn=warn)
     except PodError as error:
-        return _judged([error], warn)
+        return _judged([problem_of(error)], warn)
 
 
 def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
@@ -207,7 +194,7 @@ def _plan(
     if not is_gpu_pod(pod, policy):
         # Not ours to shape, but a pod that names GPUs itself would get them unconfined.
         spec = pod.get("spec")
-        found: checks.Problems = []
+        found: Problems = []
         if isinstance(spec, dict):
             for kind, container in each_container(spec, CONTAINER_KINDS):
                 checks.check_visible_devices(container, kind, policy, found)
@@ -224,7 +211,7 @@ def _plan(
     try:
         labels = mapping(metadata, "labels", path="metadata", optional=True)
     except ShapeError as error:
-        found.append(error)
+        found.append(problem_of(error))
         labels = {}
     asks = collect_asks(spec, policy, bounds, labels, found)
     gpu_pod = model.gpu_pod(asks, policy)
@@ -311,11 +298,11 @@ def plan_ephemeral(pod: object, policy: Policy, *, namespace: str = "") -> Decis
         if not isinstance(spec, dict):
             return untouched(Reason.NO_GPU_REQUEST)
         gpu_pod = is_gpu_pod(pod, policy)
-        found: checks.Problems = []
+        found: Problems = []
         for kind, container in each_container(spec, ("ephemeralContainers",)):
             checks.check_visible_devices(container, kind, policy, found)
             if gpu_pod:
                 checks.check_privilege(container, kind, policy, found)
     except PodError as error:
-        return _judged([error], warn)
+        return _judged([problem_of(error)], warn)
     return _judged(found, warn) if found else untouched(Reason.EPHEMERAL_ALLOWED)

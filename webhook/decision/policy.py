@@ -200,7 +200,7 @@ class Scheduler:
     one_gpu_container: bool  # its device plugin hands the GPU to one container of a pod
 
 
-# NB: read from each scheduler's own source or documentation (docs/schedulers.md).
+# Read from each scheduler's own source or documentation (docs/schedulers.md).
 SCHEDULERS: dict[str, Scheduler] = {
     # github.com/AliyunContainerService/gpushare-scheduler-extender: its filter and bind
     # sum the app containers' limits only (pkg/utils/pod.go), place a pod on one GPU,
@@ -326,7 +326,7 @@ def parse_policy(document: object) -> Policy:
         )
     policy = cast(Policy, build(Policy, document, ""))
     if policy.memory_unit == "MiB" and "gpuMemory" not in document:
-        # NB: the default is 16 GiB in either unit; read as MiB it would be 16 MiB.
+        # The default is 16 GiB in either unit; read as MiB it would be 16 MiB.
         policy = replace(policy, gpu_memory=DEFAULT_POLICY.gpu_memory * MIB_PER_UNIT["GiB"])
     if "schedulerName" not in document:
         policy = replace(policy, scheduler_name=policy.placed_by.scheduler_name)

@@ -38,7 +38,7 @@ _GRAMMAR = re.compile(
     r"(?P<number>[+-]?(?:\d+\.?\d*|\.\d+))"
     r"(?:(?P<binary>Ki|Mi|Gi|Ti|Pi|Ei)|[eE](?P<exp>[+-]?\d+)|(?P<decimal>[numkMGTPE]?))"
 )
-# NB: the apiserver caps quantities far below this; the cap only keeps
+# The apiserver caps quantities far below this; the cap only keeps
 # "1e999999999" from making a number with a billion digits.
 _MAX_EXPONENT = 30
 _MAX_TEXT = 64

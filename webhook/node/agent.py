@@ -6,7 +6,7 @@ Owns what one round does (install or find current the library, and the
 the node holds, or remove it when the node holds none it can load) and
 the loop around it, which stops on SIGTERM.
 
-NB: stopping leaves the label and the library where they are. A rolling
+Stopping leaves the label and the library where they are. A rolling
 update of the DaemonSet stops every agent in turn; taking the label off
 would make each node refuse GPU pods until its new agent starts, and the
 library is still on the node, mapped by the pods running there, so the

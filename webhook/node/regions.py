@@ -230,7 +230,7 @@ def _uuid(head: bytes, at: int, size: int) -> str:
 def read(path: str | os.PathLike[str], lay: Layout = LAYOUT) -> Region:
     """Read one region file in place; ``Skipped`` for any file we cannot use.
 
-    NB: pread, not mmap: a region cut short while mapped would kill the
+    pread, not mmap: a region cut short while mapped would kill the
     agent with SIGBUS, and reading only the header and the slots in use
     is a few KiB of the 2 MiB struct.
     """

@@ -225,7 +225,7 @@ def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
     if namespace in policy.exclude_namespaces:
         held = gpu.held_per_pod
         return PodFinding(namespace, name, node, "excluded", held, False) if gpu_pod else None
-    # NB: the scheduler's binding sets nodeName on every placed pod; as created,
+    # The scheduler's binding sets nodeName on every placed pod; as created,
     # it had none (a pod created with one is judged as if it had not).
     created = {**pod, "spec": {k: v for k, v in spec.items() if k != "nodeName"}}
     if policy.shim.init_regions and not _has_init_step(spec):
@@ -237,7 +237,7 @@ def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
     messages = tuple(problem.message for problem in decision.problems)
     annotations = meta.get("annotations") or {}
     if messages and STATUS_ANNOTATION in annotations and set(decision.reasons) <= OURS_MOVED:
-        # NB: the webhook set it up, and a shim layout changed since: its own
+        # The webhook set it up, and a shim layout changed since: its own
         # volume or mounts, where the policy no longer puts them, are what clash.
         return PodFinding(
             namespace, name, node, "drifted", memory, unlimited, messages, OTHER_POLICY

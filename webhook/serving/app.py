@@ -24,7 +24,7 @@ from webhook.serving.runtime import PolicySource
 if TYPE_CHECKING:
     from webhook.serving.metrics import Metrics
 
-# NB: etcd and the apiserver cap an object at 3 MiB (--max-request-bytes);
+# etcd and the apiserver cap an object at 3 MiB (--max-request-bytes);
 # a review carries the object and, on UPDATE, the old object too. Like
 # controller-runtime, allow both at full size plus 1 MiB for the envelope.
 MAX_BODY = 7 * 1024 * 1024

@@ -31,7 +31,7 @@ DEFAULT_WORKERS = 2
 DEFAULT_THREADS = 4
 # Connections one worker holds at once; past it, new ones wait in the backlog.
 DEFAULT_WORKER_CONNECTIONS = 500
-# NB: longer than the API server's webhook client keeps an idle connection
+# Longer than the API server's webhook client keeps an idle connection
 # (90 s): the client then always closes first. A server that closes first
 # races the client's next call on that connection, which Go does not retry
 # for a POST ("write: broken pipe", a failed create). docs/design.md, "Worker
@@ -156,7 +156,7 @@ class QuietAccessLogger(Logger):  # type: ignore[misc]
             super().access(resp, req, environ, request_time)
 
     def info(self, msg: str, *args: Any, **kwargs: Any) -> None:
-        # NB: with reuse_port the workers bind, not the arbiter, whose
+        # With reuse_port the workers bind, not the arbiter, whose
         # "Listening at: %s (%s)" line then names no address: name the URL.
         if msg.startswith("Listening at:") and args and not args[0]:
             args = (", ".join(f"https://{bind}" for bind in self.cfg.bind), *args[1:])
