@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -287,13 +288,22 @@ class Handler(BaseHTTPRequestHandler):
         self._route("patch")
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that stops reading (a watch cut short, a command that exits)
+        # is an ordinary end of a call here, not an error to print.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 @contextmanager
 def serve(tmp: Path) -> Iterator[tuple[FakeApi, Path]]:
     """Run a FakeApi on loopback; yield it and a kubeconfig that points at it."""
     api = FakeApi()
     handler = type("BoundHandler", (Handler,), {"api": api})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    httpd.daemon_threads = True
+    httpd = _Server(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     port = httpd.server_address[1]
