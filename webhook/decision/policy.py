@@ -18,6 +18,7 @@ from typing import Literal, cast
 
 import yaml
 
+from webhook import __version__
 from webhook.decision.contract import REGION_DIR, REGION_FALLBACK
 from webhook.decision.keys import (
     DNS_LABELS,
@@ -84,7 +85,7 @@ class Shim:
     )
     init_image: str = setting(
         "initImage",
-        "gpushare-webhook:0.1.0",
+        f"gpushare-webhook:{__version__}",
         String(IMAGE, "an image"),
         "that init step's image: this one's",
     )
