@@ -35,7 +35,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.apiserver.helpers import gpu_container, pod_manifest, process_tree
+from tests.apiserver.helpers import apply_server_side, gpu_container, pod_manifest, process_tree
 from tests.apiserver.service import Service
 from tests.conftest import Server, free_port, start_server, stop_server
 from tests.controlplane.install import (
@@ -85,15 +85,7 @@ def apply_guard(installed: Installed, policy: str, folder: Path) -> None:
     path.write_text(policy)
     made = webhook_cli("policy", "guard", str(path))
     assert made.returncode == 0, made.stderr
-    installed.plane.kubectl(
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "--field-manager=gpushare-tests",
-        "-f",
-        "-",
-        stdin=made.stdout,
-    )
+    apply_server_side(installed.plane, made.stdout)
 
 
 def remove_guard(installed: Installed) -> None:

@@ -71,6 +71,19 @@ def create_namespace(
     core.create_namespace(body)
 
 
+def apply_server_side(plane: ControlPlane, manifests: str) -> None:
+    """``kubectl apply --server-side`` of YAML text, as the tests' own field manager."""
+    plane.kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=gpushare-tests",
+        "-f",
+        "-",
+        stdin=manifests,
+    )
+
+
 def wait_for_service_account(api: client.ApiClient, namespace: str) -> None:
     """Pods are refused until the controller manager has made the namespace's 'default'."""
     core = client.CoreV1Api(api)

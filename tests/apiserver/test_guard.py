@@ -24,6 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.apiserver.helpers import (
+    apply_server_side,
     create_namespace,
     delete_namespaces,
     gpu_container,
@@ -67,15 +68,7 @@ def _guard(installed: Installed, *extra: str) -> list[dict[str, Any]]:
 
 
 def _apply(installed: Installed, objects: list[dict[str, Any]]) -> None:
-    installed.plane.kubectl(
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "--field-manager=gpushare-tests",
-        "-f",
-        "-",
-        stdin=yaml.safe_dump_all(objects),
-    )
+    apply_server_side(installed.plane, yaml.safe_dump_all(objects))
 
 
 def _remove(installed: Installed) -> None:
