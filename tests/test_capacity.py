@@ -12,6 +12,8 @@ from collections.abc import Callable
 import pytest
 
 from webhook.decision.capacity import (
+    Capacity,
+    DeviceFacts,
     GpuBounds,
     GpuNode,
     NodeFacts,
@@ -20,9 +22,11 @@ from webhook.decision.capacity import (
     uncounted,
 )
 from webhook.decision.nodesource import (
+    DraFacts,
     NodeStatus,
     NoNodes,
     capacity_kept,
+    decode_dra,
     decode_snapshot,
     encode_snapshot,
     facts_of,
@@ -122,14 +126,36 @@ def test_a_snapshot_carries_the_status_and_facts_whole() -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"{", b"[]", b'{"version": 2, "status": {}, "nodes": []}', b'{"version": 1}',
-     b'{"version": 1, "status": {}, "nodes": [["a", {}]]}',
-     b'{"version": 1, "status": {"tried": true}, "nodes": 3}'],
+    [b"", b"{", b"[]", b'{"version": 1, "status": {}, "nodes": []}', b'{"version": 2}',
+     b'{"version": 2, "status": {}, "nodes": [["a", {}]]}',
+     b'{"version": 2, "status": {"tried": true}, "nodes": 3}'],
     ids=["empty", "truncated", "a list", "another version", "no status", "short node", "no list"],
 )  # fmt: skip
 def test_a_snapshot_this_code_did_not_write_is_a_snapshot_error(data: bytes) -> None:
     with pytest.raises(SnapshotError, match="node snapshot"):
         decode_snapshot(data)
+
+
+DRA = DraFacts(
+    devices=(
+        DeviceFacts(
+            "gpu.nvidia.com",
+            "a100-1",
+            "gpu-0",
+            {"memory": Capacity(80 << 30, 1 << 20, 1 << 20)},
+            True,
+        ),
+    ),
+    classes=(("gpu-mem.example.com", "aliyun.com/gpu-mem"),),
+)
+
+
+def test_a_snapshot_carries_what_dra_publishes_whole() -> None:
+    data = encode_snapshot(NodeStatus(synced=True), FACTS, DRA)
+    assert decode_dra(data) == DRA
+    assert decode_dra(encode_snapshot(NodeStatus(), FACTS)) == DraFacts()
+    with pytest.raises(SnapshotError, match="node snapshot"):
+        decode_dra(b'{"version": 2, "devices": [["a"]], "classes": []}')
 
 
 def test_only_extended_resources_travel_in_a_snapshot() -> None:
@@ -235,15 +261,15 @@ def test_pods_share_a_placement_when_selector_and_required_terms_agree(
 
 def test_a_snapshot_error_says_what_was_wrong() -> None:
     with pytest.raises(SnapshotError) as caught:
-        decode_snapshot(b'{"version": 2, "status": {}, "nodes": []}')
-    assert str(caught.value) == "node snapshot version 2, expected 1"
+        decode_snapshot(b'{"version": 1, "status": {}, "nodes": []}')
+    assert str(caught.value) == "node snapshot version 1, expected 2"
     with pytest.raises(SnapshotError) as caught:
         decode_snapshot(b"{")
     assert str(caught.value).startswith("node snapshot unreadable: JSONDecodeError: ")
 
 
 def test_a_snapshot_keeps_what_it_knows_of_a_newer_status() -> None:
-    data = b'{"version": 1, "status": {"synced": true, "since": 5}, "nodes": []}'
+    data = b'{"version": 2, "status": {"synced": true, "since": 5}, "nodes": []}'
     assert decode_snapshot(data) == (NodeStatus(synced=True), ())
 
 

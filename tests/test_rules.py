@@ -3,7 +3,8 @@
 Each case states the rule it pins (``rule``; its test id is made from that
 text), then the pod's ``spec`` (and ``metadata`` over the usual name and
 namespace; or a whole ``object``), optionally a ``policy`` (YAML text), the
-cluster's ``nodes`` (Node objects as the API serves them) and ``request``
+cluster's ``nodes`` (Node objects as the API serves them), under ``scheduler:
+dra`` its ``resourceSlices`` and ``deviceClasses``, and ``request``
 fields over the usual CREATE of a Pod. ``answer`` is what the webhook says,
 through ``admit`` as the API server calls it: outcome, reason, HTTP code
 and message of a refusal, warnings, audit annotations, and the patch,
@@ -33,14 +34,32 @@ import yaml
 from tests.helpers import apply, decode_patch, review, rewrite_case
 from webhook.decision import rules
 from webhook.decision.admission import admit
-from webhook.decision.nodesource import NodeStatus, facts_of, prepare
+from webhook.decision.nodesource import (
+    DraFacts,
+    NodeStatus,
+    class_of,
+    devices_of,
+    facts_of,
+    prepare,
+)
 from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
 from webhook.decision.prepared import Prepared
 from webhook.reasons import Reason
 
 RULES = Path(__file__).parent / "rules"
 UPDATE = os.environ.get("GOLDEN_UPDATE") == "1"
-CASE_KEYS = {"rule", "spec", "metadata", "object", "policy", "nodes", "request", "answer"}
+CASE_KEYS = {
+    "rule",
+    "spec",
+    "metadata",
+    "object",
+    "policy",
+    "nodes",
+    "resourceSlices",
+    "deviceClasses",
+    "request",
+    "answer",
+}
 
 
 def _load(path: Path) -> list[dict[str, Any]]:
@@ -67,9 +86,19 @@ def _policy(case: dict[str, Any]) -> Policy:
 def _prepared(case: dict[str, Any]) -> Prepared:
     policy = _policy(case)
     nodes = case.get("nodes")
-    if nodes is None:
+    slices, classes = case.get("resourceSlices"), case.get("deviceClasses")
+    if nodes is None and slices is None and classes is None:
         return Prepared(policy)
-    return prepare([facts_of(n) for n in nodes], NodeStatus(synced=True), policy)
+    dra = DraFacts(
+        devices=tuple(d for s in slices or () for d in devices_of(s)),
+        classes=tuple(c for c in map(class_of, classes or ()) if c is not None),
+    )
+    facts = [facts_of(n) for n in nodes or ()]
+    return prepare(facts, NodeStatus(synced=True), policy, dra)
+
+
+def _claims(case: dict[str, Any]) -> bool:
+    return _policy(case).placed_by.claims
 
 
 def _request(case: dict[str, Any], obj: Any) -> dict[str, Any]:
@@ -143,7 +172,9 @@ def test_rule(path: Path, index: int, case: dict[str, Any]) -> None:
         again = {k: v for k, v in case.items() if k not in ("spec", "metadata")}
         again["object"] = apply(_pod(case), ops)
         second, more = answer_of(again)
-        assert second["outcome"] in ("unchanged", "warned"), second
+        # Under DRA the pod asks no GPU resource any more: its claims do.
+        settled = ("unchanged", "warned", "untouched") if _claims(case) else ("unchanged", "warned")
+        assert second["outcome"] in settled, second
         assert not more, more
 
 

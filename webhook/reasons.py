@@ -39,6 +39,7 @@ class Reason(StrEnum):
     TOO_MANY_GPUS = "too-many-gpus"
     EXCEEDS_COMPUTE = "exceeds-compute"
     INIT_EXCEEDS_RESERVATION = "init-exceeds-reservation"
+    OFF_GRID = "off-grid"
     REQUEST_WITHOUT_LIMIT = "request-without-limit"
     REQUEST_DIFFERS = "request-differs"
     COUNT_AS_LABEL = "count-as-label"

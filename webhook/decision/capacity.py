@@ -17,7 +17,7 @@ from typing import Any
 
 from webhook.decision.affinity import SHIM_LABEL
 from webhook.decision.policy import Policy
-from webhook.decision.quantities import go_value
+from webhook.decision.quantities import BYTES_PER_MIB, go_value
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,57 @@ def gpu_node(facts: NodeFacts, policy: Policy) -> GpuNode | None:
 def gpu_nodes(facts: Sequence[NodeFacts], policy: Policy) -> tuple[GpuNode, ...]:
     found = (gpu_node(f, policy) for f in facts)
     return tuple(node for node in found if node is not None)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """One capacity of a DRA device: its value and request policy, in its own unit (bytes)."""
+
+    value: int
+    minimum: int = 0  # requestPolicy.validRange.min
+    step: int = 0  # requestPolicy.validRange.step; 0: none (held as asked)
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What a ResourceSlice says of one device (resource.k8s.io/v1)."""
+
+    driver: str
+    node: str  # the slice's nodeName ("" for devices not bound to one node)
+    name: str
+    capacity: Mapping[str, Capacity]
+    shared: bool  # allowMultipleAllocations: several claims may hold parts of it
+
+
+def dra_devices(devices: Sequence[DeviceFacts], policy: Policy) -> tuple[DeviceFacts, ...]:
+    """The devices of the policy's driver that publish its memory capacity on a node."""
+    memory = policy.dra.memory_capacity
+    return tuple(
+        d
+        for d in devices
+        if d.driver == policy.dra.driver and d.node and d.capacity.get(memory, Capacity(0)).value
+    )
+
+
+def dra_nodes(
+    devices: Sequence[DeviceFacts], facts: Sequence[NodeFacts], policy: Policy
+) -> tuple[GpuNode, ...]:
+    """The nodes whose GPUs the policy's DRA driver publishes, as the fit rules read nodes.
+
+    A node's GPU size is its largest device's memory in the policy's unit,
+    rounded down (a GPU never holds more); its count is how many it has.
+    """
+    unit_bytes = policy.mib_per_unit * BYTES_PER_MIB
+    memory = policy.dra.memory_capacity
+    sizes: dict[str, list[int]] = {}
+    for device in dra_devices(devices, policy):
+        sizes.setdefault(device.node, []).append(device.capacity[memory].value // unit_bytes)
+    labels = {f.name: f.labels for f in facts}
+    return tuple(
+        GpuNode(name=node, gpu_memory=max(found), gpu_count=len(found), labels=labels.get(node, {}))
+        for node, found in sorted(sizes.items())
+        if max(found) >= 1
+    )
 
 
 def uncounted(facts: Sequence[NodeFacts], policy: Policy) -> tuple[str, ...]:

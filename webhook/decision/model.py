@@ -17,7 +17,10 @@ documentation (docs/schedulers.md):
   ``webhook.decision.fit``;
 - ACK's scheduler: as kube-scheduler holds any resource, the larger of
   the app containers' sum and the largest init container (init containers
-  run one at a time, before the app containers, which run together).
+  run one at a time, before the app containers, which run together);
+- DRA (``scheduler: dra``): every GPU container's own claim, init
+  containers' included, each on a GPU of its own choosing and held until
+  the pod is gone; on one GPU, at most the largest of them.
 
 Quantities are in the policy's memory unit; a name ending in ``per_gpu``
 is what one GPU holds, ``per_pod`` is over all of the pod's GPUs.
@@ -31,6 +34,7 @@ from typing import Any
 
 from webhook.decision.asks import ContainerAsk, collect_asks
 from webhook.decision.capacity import bounds_from_policy
+from webhook.decision.claims import claimed_asks, is_claimed
 from webhook.decision.policy import Policy
 from webhook.decision.quantities import BYTES_PER_MIB
 from webhook.decision.rules import Problems
@@ -70,7 +74,10 @@ def gpu_pod(asks: Sequence[ContainerAsk], policy: Policy) -> GpuPod:
         else:
             init_per_gpu = max(init_per_gpu, ask.memory_per_gpu)
             init_per_pod = max(init_per_pod, ask.memory_per_gpu * ask.gpus)
-    if policy.placed_by.reserves_init:
+    if policy.placed_by.claims:
+        held_per_gpu = max((ask.memory_per_gpu for ask in asks), default=0)
+        held_per_pod = sum(ask.memory_per_gpu * ask.gpus for ask in asks)
+    elif policy.placed_by.reserves_init:
         held_per_gpu, held_per_pod = max(app_per_gpu, init_per_gpu), max(app_per_pod, init_per_pod)
     else:
         held_per_gpu, held_per_pod = app_per_gpu, app_per_pod
@@ -100,6 +107,8 @@ def stored_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> GpuPod:
     labels = meta.get("labels") if isinstance(meta, Mapping) else None
     if not isinstance(spec, Mapping):
         return gpu_pod((), policy)
+    if policy.placed_by.claims and is_claimed(pod):
+        return gpu_pod(claimed_asks(spec, policy), policy)
     found: Problems = []
     asks = collect_asks(
         spec,

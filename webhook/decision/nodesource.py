@@ -17,12 +17,34 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
-from webhook.decision.capacity import NodeFacts, gpu_nodes, uncounted
+from webhook.decision.capacity import (
+    Capacity,
+    DeviceFacts,
+    NodeFacts,
+    dra_devices,
+    dra_nodes,
+    gpu_nodes,
+    uncounted,
+)
+from webhook.decision.claims import translated
 from webhook.decision.policy import Policy
 from webhook.decision.prepared import Kept, Prepared
+from webhook.decision.quantities import go_value
 from webhook.errors import SnapshotError
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+
+
+@dataclass(frozen=True)
+class DraFacts:
+    """What the cluster publishes through DRA: its GPUs' devices and its DeviceClasses."""
+
+    devices: tuple[DeviceFacts, ...] = ()
+    # (DeviceClass name, its spec.extendedResourceName) of the classes that name one (KEP-5004)
+    classes: tuple[tuple[str, str], ...] = ()
+
+
+NO_DRA = DraFacts()
 
 
 @dataclass(frozen=True)
@@ -38,8 +60,53 @@ class NodeStatus:
     fatal: str = ""  # the watch cannot run at all (credentials): serve stops at start
 
 
-def prepare(facts: Iterable[NodeFacts], status: NodeStatus, policy: Policy) -> Prepared:
+def prepare(
+    facts: Iterable[NodeFacts], status: NodeStatus, policy: Policy, dra: DraFacts = NO_DRA
+) -> Prepared:
     """``policy`` prepared for reviews, given what the watch knows of the nodes."""
+    names = translated(policy)
+    mapped = tuple(sorted(name for name, resource in dra.classes if resource in names))
+    if policy.placed_by.claims:
+        return _prepare_dra(tuple(facts), status, policy, dra, mapped)
+    prepared = _prepare_nodes(facts, status, policy)
+    prepared.mapped = mapped
+    return prepared
+
+
+def _prepare_dra(
+    facts: tuple[NodeFacts, ...],
+    status: NodeStatus,
+    policy: Policy,
+    dra: DraFacts,
+    mapped: tuple[str, ...],
+) -> Prepared:
+    """Under ``scheduler: dra``: sized by the GPUs the policy's driver publishes."""
+    fallback = (
+        f"GPU sizes come from the policy's gpuMemory ({policy.gpu_memory} {policy.memory_unit})"
+    )
+    if not status.synced:
+        why = status.problem or "not read yet"
+        return Prepared(
+            policy, note=f"{fallback}: the cluster's ResourceSlices are not available ({why})"
+        )
+    nodes = dra_nodes(dra.devices, facts, policy)
+    memory = policy.dra.memory_capacity
+    grids = {
+        (d.capacity[memory].minimum, d.capacity[memory].step)
+        for d in dra_devices(dra.devices, policy)
+    }
+    if not nodes:
+        why = f"no ResourceSlice of driver {policy.dra.driver} publishes a GPU with {memory}"
+        prepared = Prepared(policy, note=f"{fallback}: {why}")
+    else:
+        prepared = Prepared(policy, nodes)
+    prepared.grids = tuple(sorted(grids))
+    prepared.mapped = mapped
+    return prepared
+
+
+def _prepare_nodes(facts: Iterable[NodeFacts], status: NodeStatus, policy: Policy) -> Prepared:
+    """Under a device plugin's scheduler: sized by the nodes' extended resources."""
     fallback = (
         f"GPU sizes come from the policy's gpuMemory ({policy.gpu_memory} {policy.memory_unit})"
     )
@@ -106,14 +173,90 @@ def facts_of(node: Mapping[str, Any]) -> NodeFacts:
     )
 
 
-def encode_snapshot(status: NodeStatus, facts: Iterable[NodeFacts]) -> bytes:
+def devices_of(resource_slice: Mapping[str, Any]) -> list[DeviceFacts]:
+    """A ResourceSlice (resource.k8s.io/v1, as JSON) as the facts of its devices.
+
+    Capacities are read as Go reads a Quantity (rounded up); one that cannot
+    be read is 0, which no request fits.
+    """
+    spec = resource_slice.get("spec") or {}
+    driver, node = str(spec.get("driver") or ""), str(spec.get("nodeName") or "")
+    found = []
+    for device in spec.get("devices") or ():
+        if not isinstance(device, Mapping):
+            continue
+        capacity = {}
+        for name, entry in (device.get("capacity") or {}).items():
+            if not isinstance(entry, Mapping):
+                continue
+            valid = ((entry.get("requestPolicy") or {}).get("validRange")) or {}
+            capacity[str(name)] = Capacity(
+                go_value(entry.get("value")),
+                go_value(valid.get("min")),
+                go_value(valid.get("step")),
+            )
+        found.append(
+            DeviceFacts(
+                driver=driver,
+                node=node,
+                name=str(device.get("name") or ""),
+                capacity=capacity,
+                shared=device.get("allowMultipleAllocations") is True,
+            )
+        )
+    return found
+
+
+def class_of(device_class: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, extendedResourceName) of a DeviceClass that maps an extended resource (KEP-5004)."""
+    resource = (device_class.get("spec") or {}).get("extendedResourceName")
+    if not resource:
+        return None
+    return str((device_class.get("metadata") or {}).get("name") or ""), str(resource)
+
+
+def encode_snapshot(
+    status: NodeStatus, facts: Iterable[NodeFacts], dra: DraFacts = NO_DRA
+) -> bytes:
     """The snapshot one node watch writes for every worker: status and facts, as JSON."""
     document = {
         "version": SNAPSHOT_VERSION,
         "status": asdict(status),
         "nodes": [[f.name, dict(f.labels), dict(f.capacity)] for f in facts],
+        "devices": [
+            [
+                d.driver,
+                d.node,
+                d.name,
+                {k: [c.value, c.minimum, c.step] for k, c in d.capacity.items()},
+                d.shared,
+            ]
+            for d in dra.devices
+        ],
+        "classes": [list(c) for c in dra.classes],
     }
     return json.dumps(document, separators=(",", ":")).encode()
+
+
+def decode_dra(data: bytes) -> DraFacts:
+    """The DRA facts of a snapshot (read after :func:`decode_snapshot` accepted it)."""
+    try:
+        document = json.loads(data)
+        return DraFacts(
+            devices=tuple(
+                DeviceFacts(
+                    str(driver),
+                    str(node),
+                    str(name),
+                    {str(k): Capacity(int(v), int(m), int(s)) for k, (v, m, s) in caps.items()},
+                    bool(shared),
+                )
+                for driver, node, name, caps, shared in document["devices"]
+            ),
+            classes=tuple((str(n), str(r)) for n, r in document["classes"]),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise SnapshotError(f"node snapshot unreadable: {type(error).__name__}: {error}") from None
 
 
 def decode_snapshot(data: bytes) -> tuple[NodeStatus, tuple[NodeFacts, ...]]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from webhook.decision import affinity, checks, fit, inject, model
+from webhook.decision import affinity, checks, claims, fit, inject, model
 from webhook.decision.asks import ContainerAsk, collect_asks
 from webhook.decision.capacity import GpuBounds
 from webhook.decision.fields import (
@@ -216,6 +216,8 @@ def _plan(
     asks = collect_asks(spec, policy, bounds, labels, found)
     gpu_pod = model.gpu_pod(asks, policy)
     fit.check_fit(gpu_pod, policy, bounds, found)
+    if policy.placed_by.claims:
+        claims.check_grid(asks, prepared.grids, policy, found)
     checks.check_volumes(spec, policy, shape, found)
     seen = [checks.check_gpu_container(spec, ask, shape, found) for ask in asks]
     checks.check_annotations(metadata, found)
@@ -226,14 +228,11 @@ def _plan(
     # up, and the scheduler it named, which enforce would refuse, is kept.
     keep_scheduler = any(e.reason == Reason.SCHEDULER_NAME for e in found)
     warnings = _claim_warnings(spec, policy) + _device_plugin_warnings(asks, policy)
+    warnings += _mapped_warnings(prepared)
     ops = [] if keep_scheduler else inject.scheduler_ops(spec, policy)
-    ops += affinity.affinity_ops(spec, policy)
-    ops += inject.volume_ops(spec, shape)
-    for gpu in seen:
-        ops += inject.env_ops(gpu, prepared, warnings)
-        ops += inject.mount_ops(gpu, shape)
-    ops += inject.init_ops(spec, gpu_pod.asks, shape)  # last: it shifts initContainers
-    ops += inject.annotation_ops(metadata, gpu_pod, prepared)
+    ops += _setup_ops(
+        spec, metadata, seen=seen, gpu_pod=gpu_pod, prepared=prepared, warnings=warnings
+    )
     done = Decision(
         outcome="mutated" if ops else "unchanged",
         reason=Reason.MUTATED if ops else Reason.UNCHANGED,
@@ -242,6 +241,51 @@ def _plan(
         gpu_pod=gpu_pod,
     )
     return _warned(found, done) if found else done
+
+
+def _setup_ops(
+    spec: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    *,
+    seen: list[checks.GpuContainer],
+    gpu_pod: GpuPod,
+    prepared: Prepared,
+    warnings: list[str],
+) -> list[Op]:
+    """What a GPU pod gets after its scheduler's name: the placement, the claims under DRA,
+    the shim's volume, each GPU container's env and mounts, the init step, the status."""
+    policy, shape = prepared.policy, prepared.layout
+    ops = affinity.affinity_ops(spec, policy)
+    if policy.placed_by.claims:
+        ops += claims.claim_ops(spec, metadata, gpu_pod.asks, policy)
+    if not (policy.placed_by.claims and policy.dra.driver_sets_limits):
+        ops += inject.volume_ops(spec, shape)
+        for gpu in seen:
+            ops += inject.env_ops(gpu, prepared, warnings)
+            ops += inject.mount_ops(gpu, shape)
+        ops += inject.init_ops(spec, gpu_pod.asks, shape)  # last: it shifts initContainers
+    ops += inject.annotation_ops(metadata, gpu_pod, prepared)
+    return ops
+
+
+def _mapped_warnings(prepared: Prepared) -> list[str]:
+    """A note on every GPU pod while a DeviceClass maps the GPU resources to whole GPUs.
+
+    Under the extender or ACK the pod keeps its extended resources, and on
+    a node whose device plugin reports none of them kube-scheduler serves
+    them from that class (KEP-5004): a count of whole GPUs, not memory.
+    Under ``scheduler: dra`` the resources are gone from the pod, so the
+    class never sees it.
+    """
+    if not prepared.mapped or prepared.policy.placed_by.claims:
+        return []
+    policy = prepared.policy
+    return [
+        f"DeviceClass {', '.join(prepared.mapped)} maps {policy.resource_name} to devices: on a "
+        f"node without the GPU-share device plugin, kube-scheduler would give this pod "
+        f"{policy.resource_name} whole GPUs, one per unit, not a share of one; remove the "
+        "class's extendedResourceName, or use the policy's scheduler: dra"
+    ]
 
 
 def _claim_warnings(spec: Mapping[str, Any], policy: Policy) -> list[str]:

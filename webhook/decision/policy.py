@@ -43,11 +43,11 @@ from webhook.decision.keys import (
     setting,
 )
 from webhook.decision.quantities import MIB_PER_UNIT, MemoryUnit
+from webhook.decision.schedulers import SCHEDULERS, Dra, Scheduler
 from webhook.errors import PolicyError
 
 Enforcement = Literal["enforce", "warn"]
 MultiGpuMemory = Literal["total", "perDevice"]
-SchedulerKind = Literal["gpushare-extender", "ack"]
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A qualified resource name: optional DNS prefix, a slash, then a name part.
@@ -183,54 +183,6 @@ class Security:
     )
 
 
-@dataclass(frozen=True)
-class Scheduler:
-    """What a GPU-share scheduler reserves and reads: the rules a pod's set-up must agree with.
-
-    The scheduler decides where a pod runs and how much of a GPU is held
-    for it there; a shim limit above what it holds would let a container
-    take a neighbour's memory, and a form it does not read would leave the
-    pod Pending or on fewer GPUs than its limits say.
-    """
-
-    title: str  # for messages: "the GPU Share Scheduler Extender"
-    scheduler_name: str  # the schedulerName its install serves (the policy's default)
-    spans_gpus: bool  # reads a pod's GPU count (ACK's label, or a container resource)
-    reserves_init: bool  # holds the larger of the app containers' sum and the largest init
-    countless_gpus: int  # GPUs of a node that reports memory but no count
-    one_gpu_container: bool  # its device plugin hands the GPU to one container of a pod
-
-
-# Read from each scheduler's own source or documentation (docs/schedulers.md).
-SCHEDULERS: dict[str, Scheduler] = {
-    # github.com/AliyunContainerService/gpushare-scheduler-extender: its filter and bind
-    # sum the app containers' limits only (pkg/utils/pod.go), place a pod on one GPU,
-    # and give a node without aliyun.com/gpu-count no devices (pkg/cache/nodeinfo.go).
-    # Its install guide adds it to the default profile of kube-scheduler.
-    "gpushare-extender": Scheduler(
-        title="the GPU Share Scheduler Extender",
-        scheduler_name="default-scheduler",
-        spans_gpus=False,
-        reserves_init=False,
-        countless_gpus=0,
-        # Its device plugin (gpushare-device-plugin, pkg/gpu/nvidia/allocate.go) matches
-        # one container's ask to a pod's sum, once per pod.
-        one_gpu_container=True,
-    ),
-    # Alibaba Cloud ACK's managed scheduler, as its GPU-sharing documentation describes
-    # it: the aliyun.com/gpu-count label spans GPUs of one node, a pod is held as
-    # kube-scheduler holds any resource (init containers included), in the default profile.
-    "ack": Scheduler(
-        title="ACK's GPU-sharing scheduler",
-        scheduler_name="default-scheduler",
-        spans_gpus=True,
-        reserves_init=True,
-        countless_gpus=1,
-        one_gpu_container=False,
-    ),
-}
-
-
 _ENFORCEMENT_DOC = "enforce (refuse) or warn (admit, with a warning per refusal)"
 
 
@@ -247,11 +199,11 @@ class NamespacePolicy:
 class Policy:
     """The effective policy, defaults filled in."""
 
-    scheduler: SchedulerKind = setting(
+    scheduler: str = setting(
         "scheduler",
         "gpushare-extender",
         Choice(tuple(SCHEDULERS)),
-        "the GPU-share scheduler: gpushare-extender (open source) or ack",
+        "the GPU-share scheduler: gpushare-extender (open source), ack or dra",
     )
     scheduler_name: str = setting(
         "schedulerName",
@@ -279,6 +231,7 @@ class Policy:
     compute: Compute = section("compute", Compute, "compute (SM) share")
     multi_gpu: MultiGpu = section("multiGpu", MultiGpu, "pods spanning several GPUs")
     security: Security = section("security", Security, "what a GPU-memory pod may not do")
+    dra: Dra = section("dra", Dra, "scheduler: dra's DeviceClass and driver")
     exclude_namespaces: tuple[str, ...] = setting(
         "excludeNamespaces", ("kube-system",), NamespaceList(), "pods here are never touched"
     )

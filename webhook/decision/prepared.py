@@ -55,6 +55,11 @@ class Prepared:
         self.uncounted = tuple(uncounted)
         self.layout: Layout = layout_of(policy)
         self.policy_bounds: GpuBounds = bounds_from_policy(policy)
+        # Under scheduler: dra, the request policies ((min, step) in bytes) of the
+        # published GPUs' memory; an ask on none of them is refused (claims.on_grid).
+        self.grids: tuple[tuple[int, int], ...] = ()
+        # DeviceClasses that map one of the policy's resources to whole devices (KEP-5004).
+        self.mapped: tuple[str, ...] = ()
         self._memo: dict[Hashable, Any] = {}
 
     def remember(self, key: Hashable, make: Callable[[], T]) -> T:

@@ -81,6 +81,7 @@ RULES: tuple[Rule, ...] = (
     Rule(Reason.EXCEEDS_GPU, _CONTAINER, "more memory than the largest GPU"),
     Rule(Reason.TOO_MANY_GPUS, _CONTAINER, "more GPUs than the largest GPU node"),
     Rule(Reason.INIT_EXCEEDS_RESERVATION, _CONTAINER, "an init container over the hold"),
+    Rule(Reason.OFF_GRID, _CONTAINER, "memory a published GPU would round up (DRA)"),
     Rule(Reason.EXCEEDS_COMPUTE, _POD, "compute shares over 100%"),
     Rule(Reason.RESERVED_VOLUME, _POD, "a volume named as ours", stops_setup=True),
     Rule(Reason.SHIM_HOST_PATH, _POD, "a volume of the shim's host path"),
