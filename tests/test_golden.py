@@ -1,11 +1,15 @@
-"""Golden AdmissionReviews: every tests/golden/<case>/ is a request and its expected answer.
+"""Golden AdmissionReviews: every tests/golden/<case>/ is a request, its answer and the pod stored.
 
 Each case holds ``request.json`` (an AdmissionReview as the apiserver sends
-it), ``response.json`` (the expected answer, with the base64 patch decoded
-into its operations so a reviewer can read it) and, optionally,
-``policy.yaml``. A mutated pod is fed back to prove the webhook is a fixed
-point of itself. ``GOLDEN_UPDATE=1 pytest tests/test_golden.py`` rewrites the
-expected answers; review the diff before committing it.
+it), ``response.json`` (the expected answer, its patch given as the number
+of its operations), ``stored.json`` where the pod is set up (the pod as the
+patch leaves it, whole: what the API server stores, as a sidecar
+injector's tests compare input and output pods) and, optionally,
+``policy.yaml``. A change to what every GPU pod gets rewrites the stored
+pods, not index-addressed operations. A mutated pod is fed back to prove the
+webhook is a fixed point of itself. ``GOLDEN_UPDATE=1 pytest
+tests/test_golden.py`` rewrites the expected files; review the diff before
+committing it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from webhook.preview import preview
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("GOLDEN_UPDATE") == "1"
-CASE_FILES = {"request.json", "response.json", "policy.yaml"}
+CASE_FILES = {"request.json", "response.json", "stored.json", "policy.yaml"}
 CASES = sorted(path for path in GOLDEN.iterdir() if path.is_dir())
 
 
@@ -35,11 +39,27 @@ def _policy(case: Path) -> Policy:
 
 
 def readable(body: dict[str, Any]) -> dict[str, Any]:
+    """The answer as a reviewer reads it: the patch as its number of operations.
+
+    What the patch does is in ``stored.json``; its size stays pinned here,
+    since the API server pays for every operation.
+    """
     out = json.loads(json.dumps(body))
     response = out.get("response", {})
     if "patch" in response:
-        response["patch"] = decode_patch(response)
+        response["patch"] = {"operations": len(decode_patch(response))}
     return out  # type: ignore[no-any-return]
+
+
+def _check_stored(case: Path, stored: dict[str, Any] | None) -> None:
+    path = case / "stored.json"
+    if UPDATE:
+        if stored is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(json.dumps(stored, indent=2, ensure_ascii=False) + "\n")
+    expected = json.loads(path.read_text()) if path.exists() else None
+    assert stored == expected, f"{case.name}: the stored pod differs from stored.json"
 
 
 def test_every_golden_file_is_used() -> None:
@@ -71,6 +91,7 @@ def test_golden(case: Path) -> None:
     assert response["uid"] == request["request"]["uid"]
     assert wire["apiVersion"] == request["apiVersion"]
     ops = decode_patch(response)
+    _check_stored(case, apply(request["request"]["object"], ops) if ops else None)
     if ops:
         # Idempotence: the webhook's own output needs nothing more.
         mutated = apply(request["request"]["object"], ops)
@@ -119,4 +140,8 @@ def test_golden_through_the_preview(case: Path) -> None:
     assert result.decision.allowed is expected["allowed"], result.decision.message
     if not expected["allowed"]:
         assert result.decision.message == expected["status"]["message"]
-    assert result.patch == expected.get("patch", [])
+    stored_path = case / "stored.json"
+    if stored_path.exists():
+        assert apply(request["object"], list(result.patch)) == json.loads(stored_path.read_text())
+    else:
+        assert result.patch == []

@@ -34,6 +34,10 @@ import yaml
 from tests.helpers import apply, decode_patch, review, rewrite_case
 from webhook.decision import rules
 from webhook.decision.admission import admit
+from webhook.decision.asks import ContainerAsk
+from webhook.decision.fields import STATUS_ANNOTATION
+from webhook.decision.inject import init_step, status_text
+from webhook.decision.layout import PRELOAD
 from webhook.decision.nodesource import (
     DraFacts,
     NodeStatus,
@@ -42,8 +46,11 @@ from webhook.decision.nodesource import (
     facts_of,
     prepare,
 )
+from webhook.decision.patch import escape
+from webhook.decision.plan import Decision
 from webhook.decision.policy import DEFAULT_POLICY, Policy, parse_policy_text
 from webhook.decision.prepared import Prepared
+from webhook.decision.quantities import limit_text
 from webhook.reasons import Reason
 
 RULES = Path(__file__).parent / "rules"
@@ -115,21 +122,73 @@ def _pod(case: dict[str, Any]) -> Any:
 
 
 _MOUNTS = re.compile(r"/spec/(initContainers|containers)/\d+/volumeMounts")
+_STATUS = f"/metadata/annotations/{escape(STATUS_ANNOTATION)}"
 
 
-def _set_up(op: dict[str, Any], prepared: Prepared) -> bool:
-    """Whether ``op`` adds what every GPU pod of the policy gets, as the layout has it."""
-    path, value, layout = op["path"], op.get("value"), prepared.layout
+def _standard(prepared: Prepared, decision: Decision | None) -> list[tuple[str, Any]]:
+    """(path, value) of each add that gives a GPU pod what every one of its kind gets.
+
+    The scheduler's name, the layout's volumes and mounts, each GPU
+    container's pinned variables and LD_PRELOAD (whole, or appended one by
+    one), the init step and the status annotation: a case names them by
+    path only (``setUp``), so a change to what every GPU pod gets rewrites
+    the goldens' stored pods (tests/golden), not the rule cases.
+    """
+    layout, policy = prepared.layout, prepared.policy
+    found: list[tuple[str, Any]] = [("/spec/schedulerName", policy.scheduler_name)]
+    found += [("/spec/volumes", layout.all_volumes)]
+    found += [("/spec/volumes/-", volume) for volume in layout.volumes]
+    if decision is None or not decision.asks:
+        return found
+    preload = {"name": PRELOAD, "value": layout.preload}
+    for ask in decision.asks:
+        base = f"/spec/{ask.kind}/{ask.position}"
+        pinned = layout.pin(ask.name, ask.memory_per_gpu, ask.gpus, ask.compute)
+        found.append((f"{base}/env", pinned.env))
+        found += [(f"{base}/env/-", entry) for entry in (*pinned.entries, preload)]
+    if layout.init_image:
+        step = init_step(decision.asks, layout)
+        found += [("/spec/initContainers", [step]), ("/spec/initContainers/0", step)]
+    status = json.loads(status_text(decision.gpu_pod, policy))
+    found += [(_STATUS, status), ("/metadata/annotations", {STATUS_ANNOTATION: status})]
+    found.append(("/metadata", {"annotations": {STATUS_ANNOTATION: status}}))
+    return found
+
+
+def _set_up(op: dict[str, Any], standard: list[tuple[str, Any]], prepared: Prepared) -> bool:
+    """Whether ``op`` adds what every GPU pod of the policy gets (see ``_standard``)."""
+    path, value, mounts = op["path"], op.get("value"), prepared.layout.all_mounts
     if op["op"] != "add":
         return False
-    volumes, mounts = layout.all_volumes, layout.all_mounts
+    if path == _STATUS or path in ("/metadata/annotations", "/metadata"):
+        value = _readable_status(value)
     return (
-        (path == "/spec/schedulerName" and value == prepared.policy.scheduler_name)
-        or (path == "/spec/volumes" and value == volumes)
-        or (path == "/spec/volumes/-" and value in volumes)
+        (path, value) in standard
         or (_MOUNTS.fullmatch(path) is not None and value == mounts)
         or (path.endswith("/-") and _MOUNTS.fullmatch(path[:-2]) is not None and value in mounts)
     )
+
+
+def _limits(ask: ContainerAsk, mib_per_unit: int) -> str:
+    """``4096m``, ``8192m x2``, ``4096m sm=30``: a container's limits, as a case reads them."""
+    text = limit_text(ask.memory_per_gpu * mib_per_unit)
+    if ask.gpus > 1:
+        text += f" x{ask.gpus}"
+    if ask.compute is not None:
+        text += f" sm={ask.compute}"
+    return text
+
+
+def _readable_status(value: Any) -> Any:
+    """The status annotation's JSON text as data, wherever the op carries it."""
+    if isinstance(value, str):
+        return json.loads(value)
+    if isinstance(value, dict):
+        return {
+            k: _readable_status(v) if k in (STATUS_ANNOTATION, "annotations") else v
+            for k, v in value.items()
+        }
+    return value
 
 
 def answer_of(case: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -149,7 +208,14 @@ def answer_of(case: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]
     for key in ("warnings", "auditAnnotations"):
         if key in response:
             answer[key] = response[key]
-    set_up = [op for op in ops if _set_up(op, prepared)]
+    decision = result.decision
+    if decision is not None and decision.asks and ops:
+        # What each GPU container is held to: the figures the elided set-up pins.
+        answer["limits"] = {
+            ask.label: _limits(ask, prepared.layout.mib_per_unit) for ask in decision.asks
+        }
+    standard = _standard(prepared, decision)
+    set_up = [op for op in ops if _set_up(op, standard, prepared)]
     if set_up:
         answer["setUp"] = list(dict.fromkeys(op["path"] for op in set_up))
     rest = [op for op in ops if op not in set_up]

@@ -269,7 +269,7 @@ def annotation_ops(metadata: Mapping[str, Any], pod: GpuPod, prepared: Prepared)
     """The status annotation: what the webhook set, for people and for ``report``-like tools."""
     # The pods of one workload ask alike, so their status reads alike:
     # its JSON costs more than all the rest of the pod's annotation ops.
-    value = prepared.remember((_status_text, pod), lambda: _status_text(pod, prepared.policy))
+    value = prepared.remember((status_text, pod), lambda: status_text(pod, prepared.policy))
     annotations = metadata.get("annotations")
     if annotations is None:
         ours = {STATUS_ANNOTATION: value}
@@ -281,7 +281,7 @@ def annotation_ops(metadata: Mapping[str, Any], pod: GpuPod, prepared: Prepared)
     return [patch.set_field(annotations, STATUS_ANNOTATION, "/metadata/annotations", value)]
 
 
-def _status_text(pod: GpuPod, policy: Policy) -> str:
+def status_text(pod: GpuPod, policy: Policy) -> str:
     """The annotation's value: a string of JSON, its keys sorted."""
     mib_per_unit = policy.mib_per_unit
     containers: dict[str, dict[str, Any]] = {}
