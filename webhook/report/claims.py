@@ -15,6 +15,8 @@ those into what ``report`` and ``top`` show:
   stop it short of what it holds;
 - a bound pod the webhook gave claims whose claim is missing or not
   allocated: nothing holds its GPU memory;
+- a pod the webhook gave claims whose containers lack the shim's limit
+  (admission reads such a pod as set up, its resources being claims now);
 - the DeviceClasses that map one of the policy's resources (KEP-5004),
   and the GPU pods still asking the policy's resource without claims.
 
@@ -27,7 +29,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.decision import BYTES_PER_MIB, Policy, go_value, is_claimed, limit_mib
+from webhook.decision import (
+    BYTES_PER_MIB,
+    ContainerAsk,
+    Policy,
+    container_label,
+    go_value,
+    is_claimed,
+    limit_mib,
+)
 
 PREFIX = "gpushare-"  # of every claim the webhook names in a pod
 FINISHED = ("Succeeded", "Failed")
@@ -78,6 +88,10 @@ class Claims:
         """What a pod's claims hold over all of its devices; None: it holds through no claim."""
         found = self.by_pod.get(key)
         return None if found is None else sum(h.held_bytes for h in found)
+
+    def devices_of(self, key: Key) -> tuple[str, ...]:
+        """driver/pool/device of each device a pod's claims hold a share of."""
+        return tuple(sorted({h.device for h in self.by_pod.get(key, ())}))
 
 
 def _get(obj: Any, *path: str) -> Any:
@@ -233,6 +247,32 @@ def _limits(pod: Mapping[str, Any], entry: str, shares: list[Held], policy: Poli
                         f"{share.held_bytes // BYTES_PER_MIB} MiB of {share.device}: the shim "
                         "and the scheduler disagree on what it may use"
                     )
+    return said
+
+
+def missing_setup(
+    pod: Mapping[str, Any], asks: Iterable[ContainerAsk], policy: Policy
+) -> list[str]:
+    """What a pod the webhook gave claims lacks of its set-up: each claimed container's shim
+    limit, the claim's size (unless the driver sets limits, ``dra.driverSetsLimits``)."""
+    if policy.dra.driver_sets_limits:
+        return []
+    said = []
+    for ask in asks:
+        container = _list(pod, "spec", ask.kind)[ask.position]
+        env = {str(e.get("name")): e.get("value") for e in _list(container, "env")}
+        want = ask.memory_per_gpu * policy.mib_per_unit
+        have = env.get(policy.env.memory_limit)
+        if have is None:
+            said.append(
+                f"{container_label(ask.kind, ask.name)}: no {policy.env.memory_limit}: the shim "
+                f"does not hold it to the {want} MiB its claim holds"
+            )
+        elif limit_mib(have) != want:
+            said.append(
+                f"{container_label(ask.kind, ask.name)}: {policy.env.memory_limit} is {have!r}, "
+                f"its claim holds {want} MiB"
+            )
     return said
 
 

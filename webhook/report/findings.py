@@ -49,12 +49,19 @@ from webhook.decision import (
     decide,
     facts_of,
     gpu_node,
+    is_claimed,
     is_gpu_pod,
     stored_gpu_pod,
 )
 from webhook.preview import preview
 from webhook.reasons import Reason
-from webhook.report.claims import Device, left_to_migrate, mapped_classes, read_claims
+from webhook.report.claims import (
+    Device,
+    left_to_migrate,
+    mapped_classes,
+    missing_setup,
+    read_claims,
+)
 from webhook.report.objects import Objects
 from webhook.report.refused import Refused, refused
 from webhook.report.reserved import Accounts, NodeGpus, Waiting, account, unanswered
@@ -177,7 +184,15 @@ def build_report(
         pods = [dataclasses.replace(p, used_bytes=usage.get((p.namespace, p.name))) for p in pods]
     claims = read_claims(objects.pods, objects.claims, objects.slices, policy)
     if objects.claims_listed:
-        pods = [_claimed(p, claims.by_pod, claims.findings) for p in pods]
+        pods = [
+            dataclasses.replace(
+                p,
+                devices=claims.devices_of(key := (p.namespace, p.name)),
+                claimed_bytes=claims.held_bytes(key),
+                findings=(*p.findings, *claims.findings.get(key, ())),
+            )
+            for p in pods
+        ]
     workloads = [w for item in objects.workloads if (w := judge_workload(item, prepared))]
     notes = _notes(objects, accounts, policy)
     counts: dict[str, int] = {}
@@ -227,22 +242,6 @@ def _notes(objects: Objects, accounts: Accounts, policy: Policy) -> list[str]:
     return notes
 
 
-def _claimed(
-    pod: PodFinding,
-    held: Mapping[tuple[str, str], tuple[Any, ...]],
-    findings: Mapping[tuple[str, str], tuple[str, ...]],
-) -> PodFinding:
-    """The finding with what the pod's DRA claims hold, and what does not add up there."""
-    key = (pod.namespace, pod.name)
-    shares = held.get(key, ())
-    return dataclasses.replace(
-        pod,
-        devices=tuple(sorted({s.device for s in shares})),
-        claimed_bytes=sum(s.held_bytes for s in shares) if key in held else None,
-        findings=(*pod.findings, *findings.get(key, ())),
-    )
-
-
 def _placed(
     pod: PodFinding,
     placed: Mapping[tuple[str, str], int],
@@ -270,13 +269,21 @@ def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
     gpu = stored_gpu_pod(pod, policy)
     if namespace in policy.exclude_namespaces:
         held = gpu.held_per_pod
-        return PodFinding(namespace, name, node, "excluded", held, False) if gpu_pod else None
+        excluded = gpu_pod or bool(gpu.asks)
+        return PodFinding(namespace, name, node, "excluded", held, False) if excluded else None
     # The scheduler's binding sets nodeName on every placed pod; as created,
     # it had none (a pod created with one is judged as if it had not).
     created = {**pod, "spec": {k: v for k, v in spec.items() if k != "nodeName"}}
     if policy.shim.init_regions and not _has_init_step(spec):
         prepared = _without_init_step(prepared)  # set up before the step: held to the rest
     decision = decide(created, prepared, namespace=namespace, bounds=prepared.bounds(spec))
+    if decision.outcome == "untouched" and gpu.asks and is_claimed(pod):
+        # Its ask is a claim now, which admission reads as no ask: judged by its set-up.
+        lacks = tuple(missing_setup(pod, gpu.asks, policy))
+        cause = OTHER_POLICY if STATUS_ANNOTATION in meta.get("annotations", {}) else NOT_CALLED
+        status: PodStatus = "drifted" if lacks else "confined"
+        held = gpu.held_per_pod
+        return PodFinding(namespace, name, node, status, held, False, lacks, cause * bool(lacks))
     if decision.outcome == "untouched":
         return None
     memory, unlimited = gpu.held_per_pod, _unlimited(spec, gpu.asks, policy)
@@ -289,7 +296,7 @@ def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
             namespace, name, node, "drifted", memory, unlimited, messages, OTHER_POLICY
         )
     if decision.outcome in ("rejected", "warned"):
-        status: PodStatus = "would-be-refused" if decision.outcome == "rejected" else "warned"
+        status = "would-be-refused" if decision.outcome == "rejected" else "warned"
         return PodFinding(namespace, name, node, status, memory, unlimited, messages)
     if decision.outcome == "unchanged":
         return PodFinding(namespace, name, node, "confined", memory, unlimited)
