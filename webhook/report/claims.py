@@ -242,7 +242,8 @@ def _limits(pod: Mapping[str, Any], entry: str, shares: list[Held], policy: Poli
             for share in shares:
                 if share.held_bytes != limit * BYTES_PER_MIB:
                     said.append(
-                        f"container {_get(container, 'name')}: {policy.env.memory_limit} is "
+                        f"{container_label(kind, str(_get(container, 'name')))}: "
+                        f"{policy.env.memory_limit} is "
                         f"{limit} MiB, but its claim {share.claim} holds "
                         f"{share.held_bytes // BYTES_PER_MIB} MiB of {share.device}: the shim "
                         "and the scheduler disagree on what it may use"
