@@ -31,6 +31,7 @@ from tests.apiserver.helpers import (
     wait_for_service_account,
 )
 from tests.apiserver.test_report import bind
+from tests.controlplane.install import NS as GPUSHARE_NS
 from tests.controlplane.install import ROOT, Installed, service_account_kubeconfig
 from tests.draclaims import allocate, resource_slice
 from tests.helpers import container
@@ -177,3 +178,48 @@ def test_top_gives_each_claimed_device_a_row(installed: Installed, scene: Path) 
         (f"gpu.nvidia.com/{NODE}/gpu-0", 4 * GIB, 1),
         (f"gpu.nvidia.com/{NODE}/gpu-1", 4 * GIB, 1),
     ]
+
+
+def test_a_report_forbidden_the_dra_objects_says_so_and_goes_on(
+    installed: Installed, scene: Path
+) -> None:
+    """The report's RBAC less resource.k8s.io: one note per list, the rest of the report."""
+    name = "report-dra-narrow"
+    rendered = installed.plane.kubectl("kustomize", str(ROOT / "manifests/overlays/report"))
+    role = next(
+        doc
+        for doc in yaml.safe_load_all(rendered.stdout)
+        if doc and doc["kind"] == "ClusterRole" and doc["metadata"]["name"].endswith("report")
+    )
+    rules = [r for r in role["rules"] if "resource.k8s.io" not in r["apiGroups"]]
+    objects = [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": name, "namespace": GPUSHARE_NS}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": name}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": GPUSHARE_NS}]},
+    ]  # fmt: skip
+    installed.plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+    try:
+        kubeconfig = service_account_kubeconfig(installed.plane, name, scene)
+        args = ["--kubeconfig", str(kubeconfig), "--policy", str(scene / "policy.yaml")]
+        _, found = _run("report", *args)
+        notes = [n for n in found["notes"] if "could not be read (forbidden)" in n]
+        assert [n.split(" could")[0] for n in notes] == [
+            "DeviceClasses",
+            "ResourceClaims",
+            "ResourceSlices",
+        ]
+        assert found["draDevices"] == []
+        assert {p["name"]: p["status"] for p in found["pods"] if p["namespace"] == NS} == {
+            "infer": "confined",
+            "rounded": "confined",
+        }
+    finally:
+        for kind in ("clusterrolebinding", "clusterrole"):
+            installed.plane.kubectl("delete", kind, name, check=False)
+        installed.plane.kubectl("delete", "serviceaccount", name, "-n", GPUSHARE_NS, check=False)
