@@ -7,7 +7,9 @@ file) with ``webhook.report``, what each pod uses from the node agents
 (reading the cluster only), at the time the clock reads now; prints a
 table or JSON. Exit 0 when all is confined, 1 when something drifted or
 would be refused, a bound GPU pod holds memory the scheduler extender did
-not reserve, or GPU pods wait for a scheduler nobody answers; 2 on an error.
+not reserve, GPU pods wait for a scheduler nobody answers, or the report
+has a finding of its own (DRA: a mapping DeviceClass, pods left to move);
+2 on an error.
 """
 
 from __future__ import annotations

@@ -261,7 +261,11 @@ def missing_setup(
     said = []
     for ask in asks:
         container = _list(pod, "spec", ask.kind)[ask.position]
-        env = {str(e.get("name")): e.get("value") for e in _list(container, "env")}
+        env = {
+            str(e.get("name")): e.get("value")
+            for e in _list(container, "env")
+            if isinstance(e, Mapping)
+        }
         want = ask.memory_per_gpu * policy.mib_per_unit
         have = env.get(policy.env.memory_limit)
         if have is None:

@@ -280,7 +280,7 @@ def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
     if decision.outcome == "untouched" and gpu.asks and is_claimed(pod):
         # Its ask is a claim now, which admission reads as no ask: judged by its set-up.
         lacks = tuple(missing_setup(pod, gpu.asks, policy))
-        cause = OTHER_POLICY if STATUS_ANNOTATION in meta.get("annotations", {}) else NOT_CALLED
+        cause = OTHER_POLICY if STATUS_ANNOTATION in (meta.get("annotations") or {}) else NOT_CALLED
         status: PodStatus = "drifted" if lacks else "confined"
         held = gpu.held_per_pod
         return PodFinding(namespace, name, node, status, held, False, lacks, cause * bool(lacks))
