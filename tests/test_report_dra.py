@@ -203,6 +203,11 @@ def test_under_dra_the_gpu_pods_left_to_move_are_a_finding() -> None:
         "1 GPU pod still asks aliyun.com/gpu-mem without claims, placed by a scheduler other "
         "than DRA's (left to move to DRA): team-a/old",
     )
+    old = next(p for p in found.pods if p.name == "old")
+    assert old.status == "drifted"
+    assert "not the ResourceClaims the policy gives: DRA holds none of its GPU memory" in (
+        old.findings
+    )
     assert report([left, moved], DEFAULT_POLICY).findings == ()
 
 

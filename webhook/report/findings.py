@@ -376,6 +376,8 @@ def _differences(pod: Mapping[str, Any], decision: Decision, policy: Policy) -> 
         for mount in want[ask.kind][ask.position].get("volumeMounts") or ():
             if mount.get("mountPath") not in mounts:
                 found.append(f"{label}: nothing mounted at {mount['mountPath']}")
+    if want.get("resourceClaims") != spec.get("resourceClaims"):
+        found.append("not the ResourceClaims the policy gives: DRA holds none of its GPU memory")
     return tuple(found) or ("no status annotation",)
 
 
