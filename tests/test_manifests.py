@@ -408,6 +408,11 @@ def test_the_report_reads_and_never_writes() -> None:
         ("apps", "replicasets", "list"),
         ("batch", "jobs", "list"),
         ("batch", "cronjobs", "list"),
+        *(
+            ("resource.k8s.io", kind, verb)
+            for kind in ("resourceclaims", "resourceslices", "deviceclasses")
+            for verb in ("get", "list")
+        ),
     }
     role = find("report", "Role", "gpushare-webhook-report-policy")
     assert role["rules"][0]["resourceNames"] == ["gpushare-webhook-policy"]

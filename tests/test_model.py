@@ -2,7 +2,8 @@
 
 A property over drawn pods and every scheduler kind holds the fit rules
 (the decision's model), the status annotation, the admission metric, the
-log line, ``report`` (the pod's row and its GPU's), ``top`` and the preview
+log line, ``report`` (the pod's row and its GPU's, under DRA its devices'
+from the claims a scheduler allocates), ``top`` and the preview
 to the model of the pod; table cases hold the model to each scheduler's
 own rule.
 """
@@ -11,28 +12,34 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.draclaims import allocate
 from tests.helpers import GPU, apply, container, examples, pod, review
 from webhook.decision.admission import Result, admit
-from webhook.decision.model import gpu_pod, stored_gpu_pod
+from webhook.decision.model import GpuPod, gpu_pod, stored_gpu_pod
 from webhook.decision.plan import STATUS_ANNOTATION
 from webhook.decision.plan import plan as decide
 from webhook.decision.policy import Policy, parse_policy
 from webhook.decision.prepared import Prepared
+from webhook.decision.quantities import BYTES_PER_MIB
 from webhook.decision.schedulers import SCHEDULERS
 from webhook.preview import preview
 from webhook.report import reserved
-from webhook.report.findings import judge_pod
+from webhook.report.claims import read_claims
+from webhook.report.findings import build_report, judge_pod
+from webhook.report.objects import sort_objects
 from webhook.report.top import build_top
 from webhook.serving.app import log_admission
 from webhook.serving.metrics import reserved_bytes
 
 COUNT = "aliyun.com/gpu-count"
+NOW = datetime(2026, 12, 4, 18, 0, tzinfo=UTC)
 NODE = {
     "metadata": {"name": "gpu-a"},
     "status": {"capacity": {GPU: "512", COUNT: "8"}},
@@ -118,11 +125,12 @@ def test_every_reader_of_a_pods_gpu_memory_agrees_with_its_model(
         model.held_per_pod,
     )
     assert stored_gpu_pod(stored, policy) == model
-    if policy.placed_by.claims:
-        return  # report and top read a DRA pod's claims: tests/test_report.py
     # report (the pod's row and its GPU's) and top, on the pod as bound.
     stored["spec"]["nodeName"] = "gpu-a"
     stored["metadata"]["uid"] = "4d1c6f0e"
+    if policy.placed_by.claims:
+        _claims_agree(stored, policy, prepared, model)
+        return
     annotations = stored["metadata"]["annotations"]
     annotations[reserved.INDEX], annotations[reserved.RESERVED] = "0", str(model.app_per_gpu)
     assert stored_gpu_pod(stored, policy) == model
@@ -134,6 +142,28 @@ def test_every_reader_of_a_pods_gpu_memory_agrees_with_its_model(
     assert held == ([model.held_per_gpu] if model.app_per_gpu else [])
     (row,) = build_top([stored], policy, {"gpu-a": []}).pods
     assert row.limit_bytes == model.held_per_pod_bytes
+
+
+def _claims_agree(
+    stored: dict[str, Any], policy: Policy, prepared: Prepared, model: GpuPod
+) -> None:
+    """Under DRA: the pod's row, its devices' rows (from the claims a scheduler would
+    allocate for it, each consuming what it requests) and top, against the model."""
+    claims = allocate(stored, policy)
+    listed = [{"apiVersion": "v1", "kind": "Pod", **stored}, *claims]
+    report = build_report(sort_objects(listed, "test"), policy, now=NOW)
+    (row,) = report.pods
+    assert row.held_per_pod == model.held_per_pod
+    assert row.claimed_bytes == model.held_per_pod_bytes
+    assert not [f for f in row.findings if "claim" in f]  # limits and claims agree
+    shares = [h.held_bytes for device in report.devices for h in device.held]
+    unit = policy.mib_per_unit * BYTES_PER_MIB
+    assert sum(shares) == model.held_per_pod_bytes
+    assert max(shares) == model.held_per_gpu * unit  # each claim on a GPU of its own
+    held = read_claims([stored], claims, [], policy)
+    (top,) = build_top([stored], policy, {"gpu-a": []}, held).pods
+    assert top.limit_bytes == top.reserved_bytes == model.held_per_pod_bytes
+    assert sum(g.reserved_bytes for g in build_top([stored], policy, {}, held).gpus) == sum(shares)
 
 
 def _asks(*memory: tuple[str, int]) -> dict[str, Any]:

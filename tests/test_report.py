@@ -103,7 +103,7 @@ def test_the_json_has_its_documented_shape() -> None:
     found = json.loads(out)
     assert list(found) == [
         "apiVersion", "kind", "unit", "clean", "summary", "pods", "workloads", "nodes",
-        "unanswered", "refusedByGuard", "notes",
+        "draDevices", "unanswered", "refusedByGuard", "findings", "notes",
     ]  # fmt: skip
     assert (found["apiVersion"], found["kind"], found["clean"]) == (
         "gpushare-webhook.io/v1",
@@ -116,7 +116,7 @@ def test_the_json_has_its_documented_shape() -> None:
     assert (found["summary"]["unaccounted"], found["summary"]["unanswered"]) == (3, 2)
     assert set(found["pods"][0]) == {
         "namespace", "name", "node", "status", "gpuMemory", "withoutLimit", "findings", "cause",
-        "gpu", "reserved", "usedBytes",
+        "gpu", "reserved", "usedBytes", "draDevices", "claimedBytes",
     }  # fmt: skip
     assert {p["usedBytes"] for p in found["pods"]} == {None}  # --from: no agent to ask
     assert set(found["nodes"][0]) == {

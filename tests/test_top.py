@@ -87,11 +87,11 @@ def _top() -> Top:
 def test_each_gpu_pod_with_what_was_reserved_admitted_and_used() -> None:
     assert as_json(_top())["pods"] == [
         {"node": "n1", "gpu": 0, "namespace": "ml", "pod": "a", "reservedBytes": 5 * GIB,
-         "limitBytes": 5 * GIB, "usedBytes": GIB + GIB // 2, "tampered": True},
+         "limitBytes": 5 * GIB, "usedBytes": GIB + GIB // 2, "tampered": True, "devices": []},
         {"node": "n1", "gpu": 1, "namespace": "ml", "pod": "c", "reservedBytes": 8 * GIB,
-         "limitBytes": None, "usedBytes": None, "tampered": False},
+         "limitBytes": None, "usedBytes": None, "tampered": False, "devices": []},
         {"node": "n2", "gpu": None, "namespace": "ml", "pod": "d", "reservedBytes": None,
-         "limitBytes": 5 * GIB, "usedBytes": None, "tampered": False},
+         "limitBytes": 5 * GIB, "usedBytes": None, "tampered": False, "devices": []},
     ]  # fmt: skip
 
 
@@ -99,11 +99,11 @@ def test_per_gpu_totals_and_the_nodes_not_reached() -> None:
     top = _top()
     assert as_json(top)["gpus"] == [
         {"node": "n1", "gpu": 0, "reservedBytes": 5 * GIB, "limitBytes": 5 * GIB,
-         "usedBytes": GIB + GIB // 2, "pods": 1},
+         "usedBytes": GIB + GIB // 2, "pods": 1, "device": ""},
         {"node": "n1", "gpu": 1, "reservedBytes": 8 * GIB, "limitBytes": 0, "usedBytes": 0,
-         "pods": 1},
+         "pods": 1, "device": ""},
         {"node": "n2", "gpu": None, "reservedBytes": 0, "limitBytes": 5 * GIB, "usedBytes": 0,
-         "pods": 1},
+         "pods": 1, "device": ""},
     ]  # fmt: skip
     assert top.unreached == ("n2: agent x: HTTP 503",)
     assert not top.clean

@@ -159,7 +159,7 @@ def test_top_reads_the_node_agent_through_the_pod_proxy(
     rows = {p["pod"]: p for p in found["pods"]}
     assert rows["train"] == {
         "node": NODE, "gpu": 0, "namespace": ML, "pod": "train", "reservedBytes": 4 * GIB,
-        "limitBytes": 4 * GIB, "usedBytes": 3 * GIB, "tampered": False,
+        "limitBytes": 4 * GIB, "usedBytes": 3 * GIB, "tampered": False, "devices": [],
     }  # fmt: skip
     assert rows["rogue"]["tampered"] is True
     assert rows["idle"]["usedBytes"] is None  # no region yet: nothing ran

@@ -45,7 +45,7 @@ COMMANDS = {
     "serve": Command("serve", "cmd_serve"),
     "mutate": Command("offline", "cmd_mutate", ("stdin", "stdout", "stderr")),
     "report": Command("report", "cmd_report", ("stdin", "stdout", "stderr")),
-    "top": Command("top", "cmd_top", ("stdout",)),
+    "top": Command("top", "cmd_top", ("stdout", "stderr")),
     "certs": Command("certs", "cmd_certs"),
     "policy": Command("offline", "cmd_policy"),
 }

@@ -7,7 +7,9 @@ file) with ``webhook.report``, what each pod uses from the node agents
 (reading the cluster only), at the time the clock reads now; prints a
 table or JSON. Exit 0 when all is confined, 1 when something drifted or
 would be refused, a bound GPU pod holds memory the scheduler extender did
-not reserve, or GPU pods wait for a scheduler nobody answers; 2 on an error.
+not reserve, GPU pods wait for a scheduler nobody answers, or the report
+has a finding of its own (DRA: a mapping DeviceClass, pods left to move);
+2 on an error.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def cmd_report(
 ) -> int:
     notes: list[str] = []
     usage: dict[tuple[str, str], int] | None = None  # measured by the node agents
+    listed = False  # the cluster's ResourceClaims were read (a file says so by holding some)
     if args.source:
         items = read_documents(args.source, stdin, stderr, what="objects")
         source = "standard input" if args.source == "-" else args.source
@@ -54,11 +57,13 @@ def cmd_report(
             items = [i for i in items if _namespace(i) in (args.namespace, None)]
         policy = read_policy(Path(args.policy)) if args.policy else DEFAULT_POLICY
     else:
-        items, policy, notes, usage = _from_cluster(args)
+        items, policy, notes, usage, listed = _from_cluster(args)
         source = "the cluster"
     if args.namespace:
         notes.append(f"only namespace {args.namespace}: the GPU memory used counts its pods only")
-    report = build_report(sort_objects(items, source), policy, now=clock(), usage=usage)
+    objects = sort_objects(items, source)
+    objects.claims_listed |= listed
+    report = build_report(objects, policy, now=clock(), usage=usage)
     if notes:
         report = dataclasses.replace(report, notes=(*notes, *report.notes))
     emit(args.output, lambda: as_json(report), lambda: as_table(report), stdout)
@@ -85,7 +90,9 @@ def _usage(api: Any, args: argparse.Namespace, notes: list[str]) -> Usage:
     return used_by_pod(reports)
 
 
-def _from_cluster(args: argparse.Namespace) -> tuple[list[Any], Policy, list[str], Usage]:
+def _from_cluster(
+    args: argparse.Namespace,
+) -> tuple[list[Any], Policy, list[str], Usage, bool]:
     from webhook.cluster import inventory, kube
 
     api = kube.api_client(args.kubeconfig, args.context)
@@ -95,7 +102,10 @@ def _from_cluster(args: argparse.Namespace) -> tuple[list[Any], Policy, list[str
     except KubeError as error:  # the agents cannot be listed: the rest of the report stands
         notes.append(f"GPU use not read: {error}")
         usage = {}
-    return items, cluster_policy(api, args, notes), notes, usage
+    policy = cluster_policy(api, args, notes)
+    claims = policy.placed_by.claims
+    found, said, listed = inventory.read_dra(api, namespace=args.namespace, claims=claims)
+    return [*items, *found], policy, [*notes, *said], usage, listed
 
 
 def cluster_policy(api: Any, args: argparse.Namespace, notes: list[str]) -> Policy:

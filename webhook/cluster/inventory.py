@@ -7,7 +7,10 @@ kind, so each is given its list's), and reading the policy's ConfigMap.
 It needs ``list`` on those kinds and ``get`` on that ConfigMap, nothing more
 (manifests/components/report holds that RBAC). A denied list names the
 permission; Nodes or events that may not be read leave their part out,
-with a note, rather than failing the report.
+with a note, rather than failing the report. The DRA objects
+(``read_dra``: DeviceClasses always, ResourceClaims and ResourceSlices
+under ``scheduler: dra``) are left out alike, with a note, where the
+resource.k8s.io/v1 API is absent or forbidden.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ KINDS = (
     ("batch/v1", "CronJob", "cronjobs"),
 )
 EVENTS = ("v1", "Event", "events")
+DRA = "resource.k8s.io/v1"
+CLAIMS = (DRA, "ResourceClaim", "resourceclaims")
+SLICES = (DRA, "ResourceSlice", "resourceslices")
+CLASSES = (DRA, "DeviceClass", "deviceclasses")
 FAILED_CREATE = "reason=FailedCreate"  # a controller's refused pod create
 RBAC = "the ClusterRole in manifests/components/report"
 PAGE = 500  # items per list call: a large cluster is read in pages, not in one answer
@@ -81,6 +88,50 @@ def read_objects(api: client.ApiClient, *, namespace: str = "") -> tuple[list[An
         "events could not be read (forbidden to list events): no guard refusals",
     )
     return objects, notes
+
+
+def read_dra(
+    api: client.ApiClient, *, namespace: str = "", claims: bool = False
+) -> tuple[list[Any], list[str], bool]:
+    """The DeviceClasses, and with ``claims`` the ResourceClaims and ResourceSlices; notes on
+    what could not be read; whether the claims were listed."""
+    where = f"in namespace {namespace}" if namespace else "in all namespaces"
+    notes: list[str] = []
+    objects = _unless_unserved(
+        lambda: _read(api, CLASSES, "", "deviceclasses"),
+        notes,
+        "DeviceClasses could not be read ({why}): no check for one mapping the policy's resources",
+    )
+    if not claims:
+        return objects, notes, False
+    listed = _unless_unserved(
+        lambda: _read(api, CLAIMS, namespace, f"resourceclaims {where}"),
+        notes,
+        "ResourceClaims could not be read ({why}): what DRA holds for each pod is not shown",
+    )
+    read = not any(n.startswith("ResourceClaims") for n in notes)
+    objects += listed + _unless_unserved(
+        lambda: _read(api, SLICES, "", "resourceslices"),
+        notes,
+        "ResourceSlices could not be read ({why}): no device sizes or nodes from them",
+    )
+    return objects, notes, read
+
+
+def _unless_unserved(read: Callable[[], list[Any]], notes: list[str], note: str) -> list[Any]:
+    """What ``read`` lists; nothing, and ``note`` in ``notes``, when the API server does not
+    serve that list (an older one) or forbids it."""
+    try:
+        return read()
+    except KubeError as error:
+        said = str(error)
+        if said.startswith("forbidden"):
+            notes.append(note.format(why="forbidden"))
+        elif "HTTP 404" in said:
+            notes.append(note.format(why=f"the API server serves no {DRA}"))
+        else:
+            raise
+        return []
 
 
 def _unless_forbidden(read: Callable[[], list[Any]], notes: list[str], note: str) -> list[Any]:

@@ -19,7 +19,13 @@ the scheduler extender reserved there, for which pods, and what is left, as
 ``kubectl inspect gpushare`` shows it (``webhook.report.reserved``), the
 pods that hold GPU memory there without a limit, and the GPU pods bound
 there that the extender does not count; GPU pods that wait for a scheduler
-nobody answers are named.
+nobody answers are named. Under ``scheduler: dra`` each device the
+webhook's claims hold shares of gets its shares, and for which pods
+(``webhook.report.claims``): a pod's row beside it names its devices and
+what its claims hold, with what does not add up (a shim limit other than
+its claim's share, a claim not allocated); the report's own findings name
+a DeviceClass mapping the policy's resource (KEP-5004) and, under DRA, the
+GPU pods still left to move to it.
 """
 
 from __future__ import annotations
@@ -43,14 +49,22 @@ from webhook.decision import (
     decide,
     facts_of,
     gpu_node,
+    is_claimed,
     is_gpu_pod,
     stored_gpu_pod,
 )
 from webhook.preview import preview
 from webhook.reasons import Reason
+from webhook.report.claims import (
+    Device,
+    left_to_migrate,
+    mapped_classes,
+    missing_setup,
+    read_claims,
+)
 from webhook.report.objects import Objects
 from webhook.report.refused import Refused, refused
-from webhook.report.reserved import NodeGpus, Waiting, account, unanswered
+from webhook.report.reserved import Accounts, NodeGpus, Waiting, account, unanswered
 
 PodStatus = Literal["confined", "drifted", "would-be-refused", "warned", "excluded"]
 WorkloadStatus = Literal["ok", "would-be-refused", "warned", "excluded"]
@@ -76,6 +90,8 @@ class PodFinding:
     gpu: int | None = None  # the GPU of its node the scheduler extender counts it on
     reserved: int = 0  # the GPU memory the extender reserved for it there
     used_bytes: int | None = None  # what the node agent measures it using; None: not measured
+    devices: tuple[str, ...] = ()  # driver/pool/device of each share its DRA claims hold
+    claimed_bytes: int | None = None  # what its DRA claims hold; None: it holds through none
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,8 @@ class Report:
     counts: dict[str, int] = field(default_factory=dict)
     unanswered: tuple[Waiting, ...] = ()  # GPU pods waiting for a scheduler nobody answers
     refused: tuple[Refused, ...] = ()  # controllers whose pods the guard refused
+    devices: tuple[Device, ...] = ()  # DRA devices the webhook's claims hold shares of
+    findings: tuple[str, ...] = ()  # of the cluster as a whole: DeviceClasses, pods to move
 
     @property
     def unaccounted(self) -> int:
@@ -131,12 +149,12 @@ class Report:
     @property
     def clean(self) -> bool:
         """Nothing drifted, nothing a policy in force would refuse (warned included), every
-        bound GPU pod counted by the scheduler extender, no GPU pod left unanswered, and
-        no controller's pod refused by the guard."""
+        bound GPU pod counted by the scheduler extender, no GPU pod left unanswered,
+        no controller's pod refused by the guard, and no finding of the cluster's."""
         statuses = {p.status for p in self.pods} | {w.status for w in self.workloads}
         unplaced = self.unaccounted or self.unanswered
         return not statuses & {"drifted", "would-be-refused", "warned"} and not (
-            unplaced or self.refused
+            unplaced or self.refused or self.findings
         )
 
 
@@ -164,7 +182,41 @@ def build_report(
     ]
     if usage is not None:
         pods = [dataclasses.replace(p, used_bytes=usage.get((p.namespace, p.name))) for p in pods]
+    claims = read_claims(objects.pods, objects.claims, objects.slices, policy)
+    if objects.claims_listed:
+        pods = [
+            dataclasses.replace(
+                p,
+                devices=claims.devices_of(key := (p.namespace, p.name)),
+                claimed_bytes=claims.held_bytes(key),
+                findings=(*p.findings, *claims.findings.get(key, ())),
+            )
+            for p in pods
+        ]
     workloads = [w for item in objects.workloads if (w := judge_workload(item, prepared))]
+    notes = _notes(objects, accounts, policy)
+    counts: dict[str, int] = {}
+    for status in [p.status for p in pods]:
+        counts[status] = counts.get(status, 0) + 1
+    return Report(
+        unit=policy.memory_unit,
+        pods=tuple(sorted(pods, key=lambda p: (p.namespace, p.name))),
+        workloads=tuple(sorted(workloads, key=lambda w: (w.namespace, w.kind, w.name))),
+        nodes=tuple(_usage(node, pods) for node in accounts.nodes),
+        notes=tuple(notes),
+        counts=counts,
+        unanswered=unanswered(objects.pods, policy, now),
+        refused=refused(objects.events),
+        devices=claims.devices if objects.claims_listed else (),
+        findings=(
+            *mapped_classes(objects.classes, policy),
+            *left_to_migrate(objects.pods, policy),
+        ),
+    )
+
+
+def _notes(objects: Objects, accounts: Accounts, policy: Policy) -> list[str]:
+    """What the report leaves out, and why."""
     notes = []
     if objects.finished:
         notes.append(f"{objects.finished} finished pods left out: they hold no GPU")
@@ -182,19 +234,12 @@ def build_report(
             f"{accounts.elsewhere} GPU pods bound to nodes the input does not hold as GPU "
             "nodes: not in the GPU figures"
         )
-    counts: dict[str, int] = {}
-    for status in [p.status for p in pods]:
-        counts[status] = counts.get(status, 0) + 1
-    return Report(
-        unit=policy.memory_unit,
-        pods=tuple(sorted(pods, key=lambda p: (p.namespace, p.name))),
-        workloads=tuple(sorted(workloads, key=lambda w: (w.namespace, w.kind, w.name))),
-        nodes=tuple(_usage(node, pods) for node in accounts.nodes),
-        notes=tuple(notes),
-        counts=counts,
-        unanswered=unanswered(objects.pods, policy, now),
-        refused=refused(objects.events),
-    )
+    if policy.placed_by.claims and not objects.claims_listed:
+        notes.append(
+            "no ResourceClaim in the input: what DRA holds for each pod is not shown (list "
+            "resourceclaims.resource.k8s.io with the rest)"
+        )
+    return notes
 
 
 def _placed(
@@ -224,13 +269,21 @@ def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
     gpu = stored_gpu_pod(pod, policy)
     if namespace in policy.exclude_namespaces:
         held = gpu.held_per_pod
-        return PodFinding(namespace, name, node, "excluded", held, False) if gpu_pod else None
+        excluded = gpu_pod or bool(gpu.asks)
+        return PodFinding(namespace, name, node, "excluded", held, False) if excluded else None
     # The scheduler's binding sets nodeName on every placed pod; as created,
     # it had none (a pod created with one is judged as if it had not).
     created = {**pod, "spec": {k: v for k, v in spec.items() if k != "nodeName"}}
     if policy.shim.init_regions and not _has_init_step(spec):
         prepared = _without_init_step(prepared)  # set up before the step: held to the rest
     decision = decide(created, prepared, namespace=namespace, bounds=prepared.bounds(spec))
+    if decision.outcome == "untouched" and gpu.asks and is_claimed(pod):
+        # Its ask is a claim now, which admission reads as no ask: judged by its set-up.
+        lacks = tuple(missing_setup(pod, gpu.asks, policy))
+        cause = OTHER_POLICY if STATUS_ANNOTATION in (meta.get("annotations") or {}) else NOT_CALLED
+        status: PodStatus = "drifted" if lacks else "confined"
+        held = gpu.held_per_pod
+        return PodFinding(namespace, name, node, status, held, False, lacks, cause * bool(lacks))
     if decision.outcome == "untouched":
         return None
     memory, unlimited = gpu.held_per_pod, _unlimited(spec, gpu.asks, policy)
@@ -243,7 +296,7 @@ def judge_pod(pod: Mapping[str, Any], prepared: Prepared) -> PodFinding | None:
             namespace, name, node, "drifted", memory, unlimited, messages, OTHER_POLICY
         )
     if decision.outcome in ("rejected", "warned"):
-        status: PodStatus = "would-be-refused" if decision.outcome == "rejected" else "warned"
+        status = "would-be-refused" if decision.outcome == "rejected" else "warned"
         return PodFinding(namespace, name, node, status, memory, unlimited, messages)
     if decision.outcome == "unchanged":
         return PodFinding(namespace, name, node, "confined", memory, unlimited)
@@ -323,6 +376,8 @@ def _differences(pod: Mapping[str, Any], decision: Decision, policy: Policy) -> 
         for mount in want[ask.kind][ask.position].get("volumeMounts") or ():
             if mount.get("mountPath") not in mounts:
                 found.append(f"{label}: nothing mounted at {mount['mountPath']}")
+    if want.get("resourceClaims") != spec.get("resourceClaims"):
+        found.append("not the ResourceClaims the policy gives: DRA holds none of its GPU memory")
     return tuple(found) or ("no status annotation",)
 
 

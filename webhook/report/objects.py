@@ -1,6 +1,7 @@
 """The objects a report reads: what a cluster's API (or a saved ``kubectl get -o json``) holds.
 
-Owns sorting a list of objects into pods, workloads, nodes and events, checking each
+Owns sorting a list of objects into pods, workloads, nodes, events and the
+DRA objects (ResourceClaims, ResourceSlices, DeviceClasses), checking each
 has the shape a report relies on (a kind, a name, a namespace for the
 namespaced ones), and leaving out workloads another listed workload
 controls (a Deployment's ReplicaSets, a CronJob's Jobs), whose pod template
@@ -25,6 +26,7 @@ WORKLOAD_KINDS = {
     ("batch", "CronJob"),
 }
 FINISHED = ("Succeeded", "Failed")  # pod phases that hold no GPU any more
+DRA_GROUP = "resource.k8s.io"  # ResourceClaims, ResourceSlices, DeviceClasses
 
 
 @dataclass
@@ -35,9 +37,18 @@ class Objects:
     workloads: list[Mapping[str, Any]] = field(default_factory=list)
     nodes: list[Mapping[str, Any]] = field(default_factory=list)
     events: list[Mapping[str, Any]] = field(default_factory=list)  # core v1 Events
+    claims: list[Mapping[str, Any]] = field(default_factory=list)  # ResourceClaims
+    slices: list[Mapping[str, Any]] = field(default_factory=list)  # ResourceSlices
+    classes: list[Mapping[str, Any]] = field(default_factory=list)  # DeviceClasses
+    # Whether the input holds what the cluster's claims are: some ResourceClaim, or,
+    # read from the cluster, a list of them that was answered (empty or not).
+    claims_listed: bool = False
     finished: int = 0  # pods that ran to an end: not judged, they hold nothing
     owned: int = 0  # workloads left out: their owner's template is judged instead
     other: int = 0  # objects of other kinds, ignored
+
+
+_DRA = {"ResourceClaim": "claims", "ResourceSlice": "slices", "DeviceClass": "classes"}
 
 
 def _group(api_version: str) -> str:
@@ -65,6 +76,12 @@ def sort_objects(items: Iterable[Any], source: str) -> Objects:
                 found.finished += 1
             else:
                 found.pods.append(item)
+            continue
+        if _group(api_version) == DRA_GROUP and kind in _DRA:
+            if kind == "ResourceClaim":
+                _namespace(meta, index, source)
+                found.claims_listed = True
+            getattr(found, _DRA[kind]).append(item)
             continue
         if (_group(api_version), kind) in WORKLOAD_KINDS:
             namespace = _namespace(meta, index, source)

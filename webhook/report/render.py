@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from webhook.report.claims import Device
 from webhook.report.findings import NodeUsage, PodFinding, Report, WorkloadFinding
 from webhook.report.reserved import Gpu
 
@@ -34,10 +35,12 @@ def as_json(report: Report) -> dict[str, Any]:
             "unaccounted": report.unaccounted,
             "unanswered": sum(len(w.pods) for w in report.unanswered),
             "refusedByGuard": len(report.refused),
+            "findings": len(report.findings),
         },
         "pods": [_pod(p) for p in report.pods],
         "workloads": [_workload(w) for w in report.workloads],
         "nodes": [_node(n, _statuses(report)) for n in report.nodes],
+        "draDevices": [_dra_device(d, report) for d in report.devices],
         "unanswered": [
             {"schedulerName": w.scheduler, "pods": list(w.pods), "message": w.message}
             for w in report.unanswered
@@ -53,6 +56,7 @@ def as_json(report: Report) -> dict[str, Any]:
             }
             for r in report.refused
         ],
+        "findings": list(report.findings),
         "notes": list(report.notes),
     }
 
@@ -74,6 +78,8 @@ def _pod(pod: PodFinding) -> dict[str, Any]:
         "gpu": pod.gpu,
         "reserved": pod.reserved,
         "usedBytes": pod.used_bytes,
+        "draDevices": list(pod.devices),
+        "claimedBytes": pod.claimed_bytes,
     }
 
 
@@ -121,6 +127,31 @@ def _device(gpu: Gpu, statuses: dict[tuple[str, str], str]) -> dict[str, Any]:
     }
 
 
+def _dra_device(device: Device, report: Report) -> dict[str, Any]:
+    statuses = _statuses(report)
+    used = {(p.namespace, p.name): p.used_bytes for p in report.pods}
+    return {
+        "node": device.node,
+        "driver": device.driver,
+        "pool": device.pool,
+        "device": device.name,
+        "totalBytes": device.total_bytes,
+        "heldBytes": device.held_bytes,
+        "shares": [
+            {
+                "namespace": h.namespace,
+                "name": h.pod,
+                "claim": h.claim,
+                "shareID": h.share,
+                "heldBytes": h.held_bytes,
+                "usedBytes": used.get((h.namespace, h.pod)),
+                "status": statuses.get((h.namespace, h.pod), ""),
+            }
+            for h in device.held
+        ],
+    }
+
+
 Row = tuple[str, ...]
 
 
@@ -134,7 +165,7 @@ def _table(header: Row, rows: Sequence[Row]) -> list[str]:
 
 def as_table(report: Report) -> str:
     out = _pods(report) + _workloads(report) + _nodes(report) + _gpus(report)
-    out += _unanswered(report) + _refused(report)
+    out += _dra(report) + _unanswered(report) + _refused(report) + _findings(report)
     out.append(_summary(report))
     out.extend(f"note: {note}" for note in report.notes)
     return "\n".join(out) + "\n"
@@ -153,6 +184,10 @@ def _pods(report: Report) -> list[str]:
     for pod, line in zip(report.pods, lines[1:], strict=True):
         out.append(line)
         out.extend(f"    - {finding}" for finding in pod.findings)
+        if pod.claimed_bytes is not None:
+            out.append(
+                f"    its claims hold {_mib(pod.claimed_bytes)} MiB on {', '.join(pod.devices)}"
+            )
         if pod.cause:
             out.append(f"    likely cause: {pod.cause}")
     return [*out, ""]
@@ -220,6 +255,36 @@ def _gpus(report: Report) -> list[str]:
     return [*out, ""] if out and out[-1] else out
 
 
+def _dra(report: Report) -> list[str]:
+    """Each DRA device the webhook's claims hold shares of: its shares, for whom."""
+    if not report.devices:
+        return []
+    statuses = {(p.namespace, p.name): p for p in report.pods}
+    header: Row = ("NODE", "DEVICE", "TOTAL (MiB)", "HELD (MiB)", "FREE (MiB)", "PODS")
+    rows: list[Row] = []
+    for device in report.devices:
+        pods = []
+        for held in device.held:
+            found = statuses.get((held.namespace, held.pod))
+            measured = None if found is None else found.used_bytes
+            used = "" if measured is None else f", used {_mib(measured)} MiB"
+            status = "not judged" if found is None else found.status
+            pods.append(
+                f"{held.namespace}/{held.pod} ({_mib(held.held_bytes)} MiB{used}, {status})"
+            )
+        total = device.total_bytes
+        free = "-" if total is None else _mib(total - device.held_bytes)
+        rows.append((device.node or "-", device.id, _mib(total), _mib(device.held_bytes), free))
+        rows[-1] += (", ".join(pods),)
+    return ["DRA GPUS (what the ResourceClaims hold)", *_table(header, rows), ""]
+
+
+def _findings(report: Report) -> list[str]:
+    if not report.findings:
+        return []
+    return ["FINDINGS", *report.findings, ""]
+
+
 def _unanswered(report: Report) -> list[str]:
     if not report.unanswered:
         return []
@@ -251,6 +316,8 @@ def _summary(report: Report) -> str:
         more += f"; {waiting} GPU pods wait for a scheduler nobody answers"
     if report.refused:
         more += f"; {len(report.refused)} controllers' pods refused by the guard"
+    if report.findings:
+        more += f"; {len(report.findings)} findings of the cluster"
     return (
         f"{len(report.pods)} GPU pods: {said}; {len(report.workloads)} GPU workloads: {told}"
         f"{more} ({verdict})"

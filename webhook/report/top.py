@@ -6,8 +6,13 @@ policy's unit); the limit is what the scheduler in use holds for a pod the
 webhook set up (one with its status annotation), over all of its GPUs, from
 the pod's model (``webhook.decision.model``), as ``report`` and the admission
 metric count it; used is what the node agents report from the shim's
-regions now, over the pod's containers and GPUs. Pure: the pods, the policy and
-each node's agent report in, rows out.
+regions now, over the pod's containers and GPUs. Under ``scheduler: dra``
+reserved is what the pod's ResourceClaims hold (``consumedCapacity``,
+``webhook.report.claims``), and each device they hold shares of is a row
+of its own, named driver/pool/device; a pod over several devices adds its
+use to none of them (the shim's regions do not say which device is
+which). Pure: the pods, the policy, the claims and each node's agent
+report in, rows out.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 from webhook.decision import BYTES_PER_MIB, Policy, stored_gpu_pod
 from webhook.node.scraped import Used
 from webhook.node.usage import pod_of
+from webhook.report.claims import Claims
 from webhook.report.reserved import FINISHED, INDEX, RESERVED, annotated
 
 
@@ -32,6 +38,7 @@ class TopPod:
     limit_bytes: int | None  # held for it over its GPUs; None: the webhook never set it up
     used_bytes: int | None  # None: its node's agent was not reached, or reported no region
     tampered: bool
+    devices: tuple[str, ...] = ()  # driver/pool/device of each share its DRA claims hold
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,7 @@ class TopGpu:
     limit_bytes: int
     used_bytes: int
     pods: int
+    device: str = ""  # driver/pool/device of a DRA device ("": a GPU the extender counts)
 
 
 @dataclass(frozen=True)
@@ -79,8 +87,10 @@ def build_top(
     objects: Iterable[Mapping[str, Any]],
     policy: Policy,
     reports: Mapping[str, list[Used] | str],
+    claims: Claims | None = None,
 ) -> Top:
-    """``reports``: per node, what its agent reported, or why it could not be asked."""
+    """``reports``: per node, what its agent reported, or why it could not be asked;
+    ``claims``: what DRA's claims hold (None: not read)."""
     unit = policy.mib_per_unit * BYTES_PER_MIB
     used = used_by_pod(reports)
     tampered = {
@@ -100,18 +110,24 @@ def build_top(
         if reserved is None and not pod.admitted:
             continue  # not a GPU pod as far as the extender or the webhook knows
         key = (pod.namespace, pod.name)
+        shares = claims.by_pod.get(key, ()) if claims is not None else ()
+        if shares:
+            reserved, gpu, unit_of = sum(h.held_bytes for h in shares), None, 1
+        else:
+            unit_of = unit
         pods.append(
             TopPod(
                 node=node,
                 gpu=gpu,
                 namespace=pod.namespace,
                 pod=pod.name,
-                reserved_bytes=None if reserved is None else max(reserved, 0) * unit,
+                reserved_bytes=None if reserved is None else max(reserved, 0) * unit_of,
                 limit_bytes=stored_gpu_pod(obj, policy).held_per_pod_bytes
                 if pod.admitted
                 else None,
                 used_bytes=used.get(key),
                 tampered=key in tampered,
+                devices=tuple(sorted({h.device for h in shares})),
             )
         )
     pods.sort(key=lambda p: (p.node, -1 if p.gpu is None else p.gpu, p.namespace, p.pod))
@@ -121,13 +137,38 @@ def build_top(
         for node in sorted(nodes)
         if not isinstance(reports.get(node), list)
     )
-    return Top(tuple(pods), _gpus(pods), unreached)
+    return Top(tuple(pods), _gpus(pods) + _devices(pods, claims), unreached)
+
+
+def _devices(pods: list[TopPod], claims: Claims | None) -> tuple[TopGpu, ...]:
+    """A row per DRA device the listed pods' claims hold shares of."""
+    shown = {(p.namespace, p.pod): p for p in pods if p.devices}
+    rows = []
+    for device in claims.devices if claims is not None else ():
+        held = [h for h in device.held if (h.namespace, h.pod) in shown]
+        if not held:
+            continue
+        members = {(h.namespace, h.pod) for h in held}
+        alone = [shown[k] for k in members if shown[k].devices == (device.id,)]
+        rows.append(
+            TopGpu(
+                node=device.node,
+                gpu=None,
+                reserved_bytes=sum(h.held_bytes for h in held),
+                limit_bytes=sum(h.held_bytes for h in held),
+                used_bytes=sum(p.used_bytes or 0 for p in alone),
+                pods=len(members),
+                device=device.id,
+            )
+        )
+    return tuple(rows)
 
 
 def _gpus(pods: list[TopPod]) -> tuple[TopGpu, ...]:
     gpus: dict[tuple[str, int | None], list[TopPod]] = {}
     for pod in pods:
-        gpus.setdefault((pod.node, pod.gpu), []).append(pod)
+        if not pod.devices:
+            gpus.setdefault((pod.node, pod.gpu), []).append(pod)
     return tuple(
         TopGpu(
             node=node,
@@ -157,7 +198,7 @@ def as_table(top: Top) -> str:
         rows.append(
             (
                 p.node,
-                "-" if p.gpu is None else str(p.gpu),
+                ",".join(p.devices) or ("-" if p.gpu is None else str(p.gpu)),
                 p.namespace,
                 p.pod + (" (tampered)" if p.tampered else ""),
                 _mib(p.reserved_bytes),
@@ -185,6 +226,7 @@ def as_json(top: Top) -> dict[str, Any]:
             "limitBytes": p.limit_bytes,
             "usedBytes": p.used_bytes,
             "tampered": p.tampered,
+            "devices": list(p.devices),
         }
 
     def gpu(g: TopGpu) -> dict[str, Any]:
@@ -195,6 +237,7 @@ def as_json(top: Top) -> dict[str, Any]:
             "limitBytes": g.limit_bytes,
             "usedBytes": g.used_bytes,
             "pods": g.pods,
+            "device": g.device,
         }
 
     return {
