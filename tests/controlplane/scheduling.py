@@ -149,6 +149,7 @@ class SchedulingPlane(ControlPlane):
         self.configuration = configuration
         self.extender_port = free_port()
         self.extender_url = f"http://127.0.0.1:{self.extender_port}"
+        self.client_limits: tuple[float, int] | None = None  # (qps, burst); None: the defaults
 
     def start(self) -> None:
         try:
@@ -166,6 +167,9 @@ class SchedulingPlane(ControlPlane):
             kubeconfig=self.kubeconfig,
             extender_url=f"{self.extender_url}/gpushare-scheduler",
         )
+        if self.client_limits:
+            qps, burst = self.client_limits
+            config["clientConnection"].update({"qps": qps, "burst": burst})
         path = self.root / f"scheduler-{name}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
@@ -179,6 +183,15 @@ class SchedulingPlane(ControlPlane):
         self.stop_process("kube-scheduler")
         self.configuration = configuration
         self.start_scheduler(path)
+
+    def set_client_limits(self, limits: tuple[float, int] | None) -> None:
+        """Restart kube-controller-manager and kube-scheduler with their clients allowed
+        ``limits`` (qps, burst) requests a second; None: their defaults (20/30 and 50/100)."""
+        self.client_limits = limits
+        self.stop_process("kube-controller-manager")
+        self.start_controller_manager(client_limits=limits)
+        self.stop_process("kube-scheduler")
+        self.start_scheduler(self.write_configuration(self.configuration))
 
     def start_extender(self) -> None:
         self._spawn(
