@@ -22,7 +22,8 @@ Then the same through kube-scheduler's Dynamic Resource Allocation
 webhook serves ``scheduler: dra``, and a round with it (pods asking
 ``aliyun.com/gpu-mem``, turned into claims) alternates with one of the
 pods a user writes by hand (``spec.resourceClaims`` from a template made
-beforehand), from 1 and 8 creators, twice as many pods a round. DRA's
+beforehand), from 1 and 8 creators, twice as many pods a round (as many
+with --quick). DRA's
 pods/s are put over the extender's measured in the same run. Where they
 fall short of 20 times at 8 creators with kube-controller-manager's and
 kube-scheduler's clients at their default limits, DRA's rounds run again
@@ -53,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import socket
 import statistics
 import tempfile
@@ -84,7 +86,8 @@ SIZES = (1, 2, 4, 1, 3, 2, 1, 4)  # GiB: a mix, about 2.25 on average
 # of a round): as fast as the pods run, and one creator paced below the extender's binding rate.
 LEVELS = (("1", 1, 0.0, 0.5), ("8", 8, 0.0, 1.0), ("1_paced", 1, 0.6, 0.25))
 GOAL = 0.10  # the webhook's share of create-to-bound p50 at 8 creators
-# DRA: as fast as the pods run, from 1 and 8 creators, with more pods a round than the extender.
+# DRA: as fast as the pods run, from 1 and 8 creators, with more pods a round than the extender
+# (as many with --quick).
 DRA_LEVELS = (("1", 1, 0.0, 0.5), ("8", 8, 0.0, 1.0))
 DRA_POD_FACTOR = 2
 GOAL_RATIO = 20.0  # DRA's pods bound a second over the extender's, at 8 creators
@@ -434,11 +437,68 @@ def _put_nodes(core: client.CoreV1Api, count: int) -> list[str]:
         time.sleep(0.5)
 
 
+def _cpu_ticks() -> tuple[dict[int, tuple[int, int]], int]:
+    """Each process's (parent, CPU ticks used), and the ticks the machine's CPUs were busy."""
+    found: dict[int, tuple[int, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        found[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    times = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return found, sum(times) - times[3] - times[4]  # less idle and iowait
+
+
+class Cpu:
+    """CPU time of the processes of the run (each with its children, the bench alone: they
+    are all its children) and of the machine."""
+
+    def __init__(self, roots: Callable[[], dict[str, int]]) -> None:
+        self.roots = roots
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def sample(self) -> tuple[float, dict[str, float], float]:
+        """(when, CPU seconds of each root with its descendants, busy CPU seconds in all)."""
+        processes, busy = _cpu_ticks()
+        children: dict[int, list[int]] = {}
+        for pid, (parent, _) in processes.items():
+            children.setdefault(parent, []).append(pid)
+        used: dict[str, float] = {}
+        for name, root in self.roots().items():
+            ticks, todo = 0, [root]
+            while todo:
+                pid = todo.pop()
+                ticks += processes.get(pid, (0, 0))[1]
+                if pid != os.getpid():
+                    todo.extend(children.get(pid, ()))
+            used[name] = ticks / self.tick
+        return time.monotonic(), used, busy / self.tick
+
+    def spent(self, before: tuple[float, dict[str, float], float], pods: int) -> dict[str, Any]:
+        """CPU ms per pod of each process since ``before``, and the machine's busy share: all
+        of it and the run's own."""
+        after = self.sample()
+        seconds, cpus = after[0] - before[0], os.cpu_count() or 1
+        used = {name: after[1][name] - before[1].get(name, 0.0) for name in after[1]}
+        return {
+            "cpu_ms_per_pod": {name: round(s * 1000 / pods, 1) for name, s in used.items()},
+            "machine_busy_share": round((after[2] - before[2]) / (seconds * cpus), 3),
+            "run_busy_share": round(sum(used.values()) / (seconds * cpus), 3),
+            "load_average": round(os.getloadavg()[0], 2),
+        }
+
+
 class Rounds:
     """Rounds of pods on one side, with the webhook registered and without, alternated."""
 
-    def __init__(self, api: Api, plane: SchedulingPlane, watch: Watch, hook: Hook) -> None:
-        self.api, self.plane, self.watch, self.hook = api, plane, watch, hook
+    def __init__(
+        self, api: Api, plane: SchedulingPlane, watch: Watch, hook: Hook, cpu: Cpu
+    ) -> None:
+        self.api, self.plane, self.watch, self.hook, self.cpu = api, plane, watch, hook, cpu
         self.serial = 0
 
     def names(self, count: int, label: str) -> list[str]:
@@ -469,6 +529,7 @@ class Rounds:
         results: dict[str, Any] = {}
         for key, creators, pace, share in levels:
             found: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+            before = self.cpu.sample()
             for number in range(rounds):
                 # ABBA: neither side always goes first.
                 for registered in (True, False) if number % 2 == 0 else (False, True):
@@ -479,7 +540,8 @@ class Rounds:
                     found[registered].append(
                         self.one(side, pods, creators=creators, pace=pace, registered=registered)
                     )
-            results[key] = _figures(found)
+            pods = sum(len(r["bound"]) for side_rounds in found.values() for r in side_rounds)
+            results[key] = {**_figures(found), **self.cpu.spent(before, pods)}
         return results
 
 
@@ -504,15 +566,23 @@ def run(quick: bool) -> dict[str, Any]:
             wait_for_service_account(admin, NAMESPACE)
             api = Api(plane)
             watch = Watch(api)
-            bench = Rounds(api, plane, watch, Hook(api))
+            cpu = Cpu(
+                lambda: {
+                    **{name: proc.pid for name, proc in plane.processes.items()},
+                    "webhook": installed.server.process.pid,
+                    "bench": os.getpid(),
+                }
+            )
+            bench = Rounds(api, plane, watch, Hook(api), cpu)
             extender = Side("ext", "the extender", _pod, _pod, lambda: not _used_gib(plane))
             bench.warm(extender)
             results["setup_s"] = round(time.monotonic() - began, 1)
             results.update(bench.levels(extender, LEVELS, rounds, per_round))
-            results["dra"] = _dra(installed, bench, shipped, rounds, per_round * DRA_POD_FACTOR)
+            size = per_round if quick else per_round * DRA_POD_FACTOR
+            results["dra"] = _dra(installed, bench, shipped, rounds, size)
             if _ratios(results, "dra")["8"]["with"] < GOAL_RATIO:
                 plane.set_client_limits(dra.RAISED_LIMITS)
-                raised = _dra(installed, bench, None, rounds, per_round * DRA_POD_FACTOR)
+                raised = _dra(installed, bench, None, rounds, size)
                 results["dra_raised_limits"] = raised
             for name in ("dra", "dra_raised_limits"):
                 if name in results:
@@ -610,6 +680,16 @@ def _row(who: str, row: dict[str, Any]) -> str:
     )
 
 
+def _cpu_line(row: dict[str, Any]) -> str:
+    spent = sorted(row["cpu_ms_per_pod"].items(), key=lambda item: -item[1])
+    return (
+        "    CPU ms a pod: "
+        + ", ".join(f"{name} {ms:.0f}" for name, ms in spent if ms >= 0.5)
+        + f"; the machine's CPUs {row['machine_busy_share']:.0%} busy, this run's processes "
+        f"{row['run_busy_share']:.0%}; load {row['load_average']:.1f}"
+    )
+
+
 def _who(creators: int, pace: float) -> str:
     who = f"{creators} creator{'s' if creators > 1 else ''}"
     return who + (f", paced {pace:.1f} s" if pace else "")
@@ -623,6 +703,7 @@ def report(results: dict[str, Any]) -> None:
     )
     for key, creators, pace, _ in LEVELS:
         print(_row(_who(creators, pace), results[key]))
+        print(_cpu_line(results[key]))
     share = results["8"]["webhook_share_of_bound_p50"]
     goal = results["goal_share_at_8"]
     print(
@@ -661,6 +742,7 @@ def _report_dra(results: dict[str, Any], name: str) -> None:
             _row(_who(creators, pace), found[key])
             + f"; pods/s x{ratio['with']:.1f}/x{ratio['without']:.1f} the extender's"
         )
+        print(_cpu_line(found[key]))
     ratio = found["ratio_to_extender"]["8"]["with"]
     share = found["8"]["webhook_share_of_bound_p50"]
     goal_ratio, goal_share = results["goal_ratio_at_8"], results["goal_share_at_8"]
