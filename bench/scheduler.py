@@ -23,11 +23,11 @@ webhook serves ``scheduler: dra``, and a round with it (pods asking
 ``aliyun.com/gpu-mem``, turned into claims) alternates with one of the
 pods a user writes by hand (``spec.resourceClaims`` from a template made
 beforehand), from 1 and 8 creators, twice as many pods a round (as many
-with --quick). DRA's
-pods/s are put over the extender's measured in the same run. Where they
-fall short of 20 times at 8 creators with kube-controller-manager's and
-kube-scheduler's clients at their default limits, DRA's rounds run again
-with the limits a large cluster gives them (``dra.RAISED_LIMITS``).
+with --quick). DRA's pods/s are put over the extender's measured in the
+same run. Where they fall short of 20 times at 8 creators with
+kube-controller-manager's and kube-scheduler's clients at their default
+limits, DRA's rounds run again with the limits a large cluster gives them
+(``dra.RAISED_LIMITS``).
 
 One watch on the pods' namespace stamps, with the local clock, when each
 pod's nodeName appears (bound) and when its phase becomes Running (KWOK);
