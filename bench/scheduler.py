@@ -478,18 +478,23 @@ class Cpu:
             used[name] = ticks / self.tick
         return time.monotonic(), used, busy / self.tick
 
-    def spent(self, before: tuple[float, dict[str, float], float], pods: int) -> dict[str, Any]:
-        """CPU ms per pod of each process since ``before``, and the machine's busy share: all
-        of it and the run's own."""
-        after = self.sample()
-        seconds, cpus = after[0] - before[0], os.cpu_count() or 1
-        used = {name: after[1][name] - before[1].get(name, 0.0) for name in after[1]}
-        return {
-            "cpu_ms_per_pod": {name: round(s * 1000 / pods, 1) for name, s in used.items()},
-            "machine_busy_share": round((after[2] - before[2]) / (seconds * cpus), 3),
-            "run_busy_share": round(sum(used.values()) / (seconds * cpus), 3),
-            "load_average": round(os.getloadavg()[0], 2),
-        }
+    def figures(
+        self, used: dict[bool, dict[str, float]], seconds: float, busy: float, pods: dict[bool, int]
+    ) -> dict[str, Any]:
+        """CPU ms per pod of each process, with the webhook and without (``used``: CPU seconds
+        of each), and the machine's busy share over ``seconds``: all of it and the run's own."""
+        cpus = os.cpu_count() or 1
+        row: dict[str, Any] = {}
+        for registered, suffix in ((True, ""), (False, "_without")):
+            row[f"cpu_ms_per_pod{suffix}"] = {
+                name: round(spent * 1000 / pods[registered], 1)
+                for name, spent in used[registered].items()
+            }
+        total = sum(sum(side.values()) for side in used.values())
+        row["machine_busy_share"] = round(busy / (seconds * cpus), 3)
+        row["run_busy_share"] = round(total / (seconds * cpus), 3)
+        row["load_average"] = round(os.getloadavg()[0], 2)
+        return row
 
 
 class Rounds:
@@ -529,7 +534,8 @@ class Rounds:
         results: dict[str, Any] = {}
         for key, creators, pace, share in levels:
             found: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
-            before = self.cpu.sample()
+            used: dict[bool, dict[str, float]] = {True: {}, False: {}}
+            seconds = busy = 0.0
             for number in range(rounds):
                 # ABBA: neither side always goes first.
                 for registered in (True, False) if number % 2 == 0 else (False, True):
@@ -537,11 +543,17 @@ class Rounds:
                     pods = self.names(
                         round(size * share), f"{side.label}-c{key.replace('_', '-')}-{way}"
                     )
+                    before = self.cpu.sample()
                     found[registered].append(
                         self.one(side, pods, creators=creators, pace=pace, registered=registered)
                     )
-            pods = sum(len(r["bound"]) for side_rounds in found.values() for r in side_rounds)
-            results[key] = {**_figures(found), **self.cpu.spent(before, pods)}
+                    after = self.cpu.sample()
+                    seconds, busy = seconds + after[0] - before[0], busy + after[2] - before[2]
+                    for name, total in after[1].items():
+                        spent = total - before[1].get(name, 0.0)
+                        used[registered][name] = used[registered].get(name, 0.0) + spent
+            counts = {r: sum(len(one["bound"]) for one in found[r]) for r in found}
+            results[key] = {**_figures(found), **self.cpu.figures(used, seconds, busy, counts)}
         return results
 
 
@@ -681,11 +693,17 @@ def _row(who: str, row: dict[str, Any]) -> str:
 
 
 def _cpu_line(row: dict[str, Any]) -> str:
-    spent = sorted(row["cpu_ms_per_pod"].items(), key=lambda item: -item[1])
+    spent, without = row["cpu_ms_per_pod"], row["cpu_ms_per_pod_without"]
+    names = sorted(spent, key=lambda name: -spent[name])
     return (
-        "    CPU ms a pod: "
-        + ", ".join(f"{name} {ms:.0f}" for name, ms in spent if ms >= 0.5)
-        + f"; the machine's CPUs {row['machine_busy_share']:.0%} busy, this run's processes "
+        "    CPU ms a pod, with the webhook/without: "
+        + ", ".join(
+            f"{name} {spent[name]:.0f}/{without.get(name, 0):.0f}"
+            for name in names
+            if spent[name] >= 0.5
+        )
+        + f"; all {sum(spent.values()):.0f}/{sum(without.values()):.0f}; the machine's CPUs "
+        f"{row['machine_busy_share']:.0%} busy, this run's processes "
         f"{row['run_busy_share']:.0%}; load {row['load_average']:.1f}"
     )
 
