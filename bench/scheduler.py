@@ -46,7 +46,8 @@ is mostly its wait for the extender's client, and the webhook's share is
 seen best in the paced figures. Under DRA the clients that write are
 kube-controller-manager's (the resourceclaim controller makes each pod's
 claim and writes the pod's status: 20 requests/s, burst 30) and
-kube-scheduler's (the claim's allocation and the binding: 50, burst 100).
+kube-scheduler's (its finalizer on the claim, the claim's allocation and
+the binding: 50, burst 100).
 """
 
 from __future__ import annotations
