@@ -228,7 +228,14 @@ class ControlPlane:
         )
         self._wait("kube-apiserver", lambda: self._http(f"{self.url}/readyz") == b"ok", timeout=90)
 
-    def start_controller_manager(self) -> None:
+    def start_controller_manager(self, *, client_limits: tuple[float, int] | None = None) -> None:
+        """kube-controller-manager with every controller; ``client_limits`` (qps, burst) raise
+        its client's requests a second above its defaults (20, burst 30)."""
+        limits = (
+            [f"--kube-api-qps={client_limits[0]:g}", f"--kube-api-burst={client_limits[1]}"]
+            if client_limits
+            else []
+        )
         self._spawn(
             "kube-controller-manager",
             [
@@ -239,6 +246,7 @@ class ControlPlane:
                 f"--root-ca-file={self.ca}",
                 f"--service-account-private-key-file={self.sa_key}",
                 "--controllers=*",
+                *limits,
                 "--v=1",
             ],
         )

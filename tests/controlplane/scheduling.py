@@ -16,7 +16,11 @@ Two scheduler configurations, both as the extender's guide writes the
 ``extenders`` entry: ``install-guide`` (no profiles: the default profile,
 ``default-scheduler``) and ``profiles`` (``default-scheduler`` and
 ``gpushare-scheduler``; an extender applies to every profile).
-``SchedulingPlane.use`` restarts kube-scheduler with the other one.
+``SchedulingPlane.use`` restarts kube-scheduler with the other one. A
+third, ``no-extender`` (the default profile and no extender), is not among
+the ones every test runs in: a test names it where kube-scheduler must
+serve ``aliyun.com/gpu-mem`` on its own, through a DeviceClass that maps
+it (KEP-5004, tests/controlplane/dra.py).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from tests.helpers import GPU, eventually
 GPU_COUNT = "aliyun.com/gpu-count"
 FAKE = ("kwok.x-k8s.io/node", "fake")  # the annotation of the nodes KWOK plays the kubelet of
 CONFIGURATIONS = ("install-guide", "profiles")
+NO_EXTENDER = "no-extender"  # named by the tests that need it, not run by every test
 GPUSHARE_SCHEDULER = "gpushare-scheduler"
 EXTENDER = extender.NAME
 ANNOTATIONS = (
@@ -96,27 +101,30 @@ def ensure(*, say: bool = True) -> Programs:
 
 
 def scheduler_configuration(name: str, *, kubeconfig: Path, extender_url: str) -> dict[str, Any]:
-    """The KubeSchedulerConfiguration ``name`` (of CONFIGURATIONS)."""
-    if name not in CONFIGURATIONS:
-        raise ValueError(f"no scheduler configuration {name!r}: one of {', '.join(CONFIGURATIONS)}")
+    """The KubeSchedulerConfiguration ``name`` (of CONFIGURATIONS, or NO_EXTENDER)."""
+    known = (*CONFIGURATIONS, NO_EXTENDER)
+    if name not in known:
+        raise ValueError(f"no scheduler configuration {name!r}: one of {', '.join(known)}")
     config: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "leaderElection": {"leaderElect": False},
-        # As the extender's config/scheduler-policy-config.yaml writes it.
-        "extenders": [
-            {
-                "urlPrefix": extender_url,
-                "filterVerb": "filter",
-                "bindVerb": "bind",
-                "enableHTTPS": False,
-                "nodeCacheCapable": True,
-                "managedResources": [{"name": GPU, "ignoredByScheduler": False}],
-                "ignorable": False,
-            }
-        ],
     }
+    if name == NO_EXTENDER:
+        return config
+    # As the extender's config/scheduler-policy-config.yaml writes it.
+    config["extenders"] = [
+        {
+            "urlPrefix": extender_url,
+            "filterVerb": "filter",
+            "bindVerb": "bind",
+            "enableHTTPS": False,
+            "nodeCacheCapable": True,
+            "managedResources": [{"name": GPU, "ignoredByScheduler": False}],
+            "ignorable": False,
+        }
+    ]
     if name == "profiles":
         config["profiles"] = [
             {"schedulerName": "default-scheduler"},
@@ -141,6 +149,7 @@ class SchedulingPlane(ControlPlane):
         self.configuration = configuration
         self.extender_port = free_port()
         self.extender_url = f"http://127.0.0.1:{self.extender_port}"
+        self.client_limits: tuple[float, int] | None = None  # (qps, burst); None: the defaults
 
     def start(self) -> None:
         try:
@@ -158,18 +167,31 @@ class SchedulingPlane(ControlPlane):
             kubeconfig=self.kubeconfig,
             extender_url=f"{self.extender_url}/gpushare-scheduler",
         )
+        if self.client_limits:
+            qps, burst = self.client_limits
+            config["clientConnection"].update({"qps": qps, "burst": burst})
         path = self.root / f"scheduler-{name}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
 
     def use(self, configuration: str) -> None:
-        """Run kube-scheduler with ``configuration`` (of CONFIGURATIONS); restarts it if needed."""
+        """Run kube-scheduler with ``configuration`` (of CONFIGURATIONS, or NO_EXTENDER);
+        restarts it if needed."""
         if configuration == self.configuration and "kube-scheduler" in self.processes:
             return
         path = self.write_configuration(configuration)
         self.stop_process("kube-scheduler")
         self.configuration = configuration
         self.start_scheduler(path)
+
+    def set_client_limits(self, limits: tuple[float, int] | None) -> None:
+        """Restart kube-controller-manager and kube-scheduler with their clients allowed
+        ``limits`` (qps, burst) requests a second; None: their defaults (20/30 and 50/100)."""
+        self.client_limits = limits
+        self.stop_process("kube-controller-manager")
+        self.start_controller_manager(client_limits=limits)
+        self.stop_process("kube-scheduler")
+        self.start_scheduler(self.write_configuration(self.configuration))
 
     def start_extender(self) -> None:
         self._spawn(
