@@ -56,13 +56,15 @@ class Watches:
         make_api: Callable[[], client.ApiClient],
         node_selector: str,
         policy: Callable[[], Policy],
+        *,
+        backoff: tuple[float, float] = (0.5, 30.0),
     ) -> None:
-        self.nodes = informer.NodeWatcher(make_api, label_selector=node_selector)
+        self.nodes = informer.NodeWatcher(make_api, label_selector=node_selector, backoff=backoff)
         self.slices: informer.Watcher[tuple[DeviceFacts, ...]] = informer.Watcher(
-            make_api, SLICES, lambda obj: tuple(devices_of(obj))
+            make_api, SLICES, lambda obj: tuple(devices_of(obj)), backoff=backoff
         )
         self.classes: informer.Watcher[tuple[tuple[str, str], ...]] = informer.Watcher(
-            make_api, CLASSES, _classes
+            make_api, CLASSES, _classes, backoff=backoff
         )
         self.maker = templates.TemplateMaker(make_api, policy, lambda key: key in self.templates)
         self.templates: informer.Watcher[str] = informer.Watcher(
@@ -71,6 +73,7 @@ class Watches:
             informer.key_of,
             on_object=self.maker.forget,
             label_selector=templates.TEMPLATES_SELECTOR,
+            backoff=backoff,
         )
         self.pods: informer.Watcher[str] = informer.Watcher(
             make_api,
@@ -78,6 +81,7 @@ class Watches:
             informer.key_of,
             on_object=self.maker.pod,
             label_selector=templates.PODS_SELECTOR,
+            backoff=backoff,
         )
         self._all: tuple[informer.Watcher[Any], ...] = (
             self.nodes, self.slices, self.classes, self.templates, self.pods,
