@@ -157,7 +157,8 @@ def test_without_resource_k8s_io_the_nodes_go_on_and_it_is_said_once(
             eventually(lambda: watches.slices.lists == 0 and len(api.requests) > 20)
             time.sleep(0.2)  # several more looks at each absent kind
             status, facts, dra = watches.snapshot()
-            assert [f.name for f in facts] == ["a"] and status.synced
+            assert [f.name for f in facts] == ["a"]
+            assert status.synced
             assert dra == DraFacts()
         finally:
             watches.stop(timeout=2)
