@@ -204,20 +204,24 @@ class LiveState(Collector):
             "which kube-scheduler then serves as whole GPUs (KEP-5004)",
             len(mapped),
         )
-        if isinstance(self.nodes, SharedNodes):
-            templates = self.nodes.templates()
-            made = CounterMetricFamily(
-                "gpushare_claim_templates_created",
-                "ResourceClaimTemplates the node watch made for pending scheduler: dra pods",
-            )
-            made.add_metric([], templates["created"])
-            yield made
-            refused = CounterMetricFamily(
-                "gpushare_claim_template_failures",
-                "ResourceClaimTemplates the node watch failed to make (RBAC, quota)",
-            )
-            refused.add_metric([], templates["failures"])
-            yield refused
+        # Without the node watch nothing makes templates: the counts are 0, not absent.
+        templates = (
+            self.nodes.templates()
+            if isinstance(self.nodes, SharedNodes)
+            else {"created": 0, "failures": 0}
+        )
+        made = CounterMetricFamily(
+            "gpushare_claim_templates_created",
+            "ResourceClaimTemplates the node watch made for pending scheduler: dra pods",
+        )
+        made.add_metric([], templates["created"])
+        yield made
+        refused = CounterMetricFamily(
+            "gpushare_claim_template_failures",
+            "ResourceClaimTemplates the node watch failed to make (RBAC, quota)",
+        )
+        refused.add_metric([], templates["failures"])
+        yield refused
 
     def _cert_expiry(self) -> float | None:
         if self.cert is None:
