@@ -183,7 +183,7 @@ class Watcher(Generic[T]):
         with self._lock:
             self._status = dataclasses.replace(old, **changes)
             self._version += 1
-        if old.problem and not self._status.problem and not self._said:
+        if old.problem and not self._status.problem:
             what, name = self.resource.what, self.resource.name
             log.info("%s watch: connected again, %d %s known", name, self._status.nodes, what)
 

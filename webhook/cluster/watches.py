@@ -87,6 +87,7 @@ class Watches:
             self.nodes, self.slices, self.classes, self.templates, self.pods,
         )  # fmt: skip
         self._mapped: tuple[str, ...] = ()
+        self._seen: tuple[int, Policy] | None = None
 
     def start(self) -> None:
         for watch in self._all:
@@ -116,6 +117,10 @@ class Watches:
 
     def said_mapped(self, policy: Policy) -> None:
         """Log the DeviceClasses that map the policy's resources, when they change (KEP-5004)."""
+        seen = (self.classes.version, policy)
+        if seen == self._seen:
+            return  # looked at every interval: nothing to do until either changes
+        self._seen = seen
         classes = tuple(c for found in self.classes.snapshot()[2] for c in found)
         mapped = mapped_classes(classes, policy)
         if mapped == self._mapped:
