@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane import dra
 from tests.controlplane.install import Installed
-from tests.controlplane.scheduling import NO_EXTENDER, node_ready, put_gpu_node
+from tests.controlplane.scheduling import GPU_COUNT, NO_EXTENDER, node_ready, put_gpu_node
 from tests.helpers import GPU, container, eventually, pod
 from tests.scheduler.helpers import (
     Pipeline,
@@ -67,6 +67,9 @@ def test_explicit_claims_pack_one_gpu_by_bytes_and_one_too_large_waits(
             create_pod(api, namespace, claimed_pod(f"quarter-{index}", f"quarter-{index}", node))
         dra.create_claim(api, namespace, "too-large", "20Gi")
         create_pod(api, namespace, claimed_pod("too-large", "too-large", node))
+        # Two devices of one request are two GPUs: never the one GPU twice, room or not.
+        dra.create_claim(api, namespace, "two", "1Gi", count=2)
+        create_pod(api, namespace, claimed_pod("two", "two", node))
 
         claims = {}
         for index in range(4):
@@ -80,8 +83,9 @@ def test_explicit_claims_pack_one_gpu_by_bytes_and_one_too_large_waits(
             claims[index] = stored
         assert dra.consumed(claims.values()) == {(node, "gpu-0"): 16 * GIB}
 
-        message = wait_unschedulable(api, namespace, "too-large")
-        assert "cannot allocate all claims" in message, message
+        for name in ("too-large", "two"):
+            message = wait_unschedulable(api, namespace, name)
+            assert "cannot allocate all claims" in message, message
         too_large = dra.claim(api, namespace, "too-large")
         assert too_large is not None
         assert not dra.results(too_large)
@@ -469,3 +473,55 @@ def test_a_pods_claim_is_deleted_with_it_and_its_bytes_are_free_again(
     pod, result = held(on_dra, "second")
     assert (result["pool"], result["device"]) == (nodes.card, "gpu-0")
     assert check_held(pod, result) == gib(16)
+
+
+@pytest.mark.parametrize("configuration", ["install-guide"])
+def test_each_container_of_a_pod_has_its_own_claim_and_a_limit_of_what_it_holds(
+    on_dra: Pipeline, nodes: DraNodes
+) -> None:
+    body = pod(
+        container("main", "4"),
+        container("side", "6"),
+        init=[container("warm", "2")],
+        name="several",
+        namespace=None,
+        nodeSelector={"kubernetes.io/hostname": nodes.pool},
+    )
+    on_dra.create(body)
+    stored = wait_running(on_dra.api, on_dra.namespace, "several")
+    found = dra.wait_allocated(on_dra.api, on_dra.namespace, "several", claims=3)
+    asked = {"warm": gib(2), "main": gib(4), "side": gib(6)}
+    assert set(found) == {f"gpushare-{name}" for name in asked}
+    limits = limits_of(stored)
+    for name, size in asked.items():
+        (result,) = dra.results(found[f"gpushare-{name}"])
+        assert result["pool"] == nodes.pool
+        assert dra.quantity_bytes(result["consumedCapacity"]["memory"]) == size
+        mib = f"{size // dra.MIB}m"
+        assert limits[name] == {LIMIT: mib, f"{LIMIT}_0": mib}, (name, limits)
+
+
+@pytest.mark.parametrize("configuration", ["install-guide"])
+def test_a_two_gpu_pod_holds_its_memory_on_two_gpus_never_twice_on_one(
+    on_dra: Pipeline, nodes: DraNodes
+) -> None:
+    # gpu-count 2 as a label (the policy's default): 8 GiB in all, 4 on each of two GPUs.
+    pair, one_card = (
+        gpu_pod(name, "8", nodeSelector={"kubernetes.io/hostname": node})
+        for name, node in (("pair", nodes.pool), ("one-card", nodes.card))
+    )
+    for body in (pair, one_card):
+        body["metadata"]["labels"] = {GPU_COUNT: "2"}
+    on_dra.create(pair)
+    stored = wait_running(on_dra.api, on_dra.namespace, "pair")
+    (entry,) = stored["spec"]["resourceClaims"]
+    assert entry["resourceClaimTemplateName"] == "gpushare-4096mi-x2.gpu.nvidia.com"
+    taken = dra.results(dra.claims_of(on_dra.api, stored)[CLAIM])
+    assert sorted(r["consumedCapacity"]["memory"] for r in taken) == ["4Gi", "4Gi"]
+    assert len({(r["pool"], r["device"]) for r in taken}) == 2, taken
+    four = f"{4 * 1024}m"
+    assert limits_of(stored) == {"main": {LIMIT: four, f"{LIMIT}_0": four, f"{LIMIT}_1": four}}
+    # Where the pod's node selector allows only a node of one GPU, the webhook counts the
+    # published GPUs: kube-scheduler would not put both halves on one (the first test).
+    message, reasons = on_dra.refused(one_card)
+    assert reasons == ["too-many-gpus"], message
