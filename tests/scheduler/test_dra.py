@@ -26,6 +26,7 @@ from tests.helpers import GPU, container, eventually, pod
 from tests.scheduler.helpers import (
     Pipeline,
     create_pod,
+    extender_annotations,
     gpu_pod,
     wait_running,
     wait_unschedulable,
@@ -35,6 +36,14 @@ from webhook.decision import claims
 
 OPTED_OUT = {"gpushare-webhook.io/injection": "disabled"}  # the webhook configuration skips it
 GIB = dra.GIB
+
+
+@pytest.fixture(scope="module")
+def gpu_class(api: client.ApiClient) -> Iterator[str]:
+    """The driver's DeviceClass for whole GPUs, as its chart installs it (no extended resource)."""
+    dra.device_class(api)
+    yield dra.DRIVER
+    dra.delete_device_class(api, dra.DRIVER)
 
 
 def claimed_pod(name: str, claim: str, node: str) -> dict[str, Any]:
@@ -55,11 +64,11 @@ def test_explicit_claims_pack_one_gpu_by_bytes_and_one_too_large_waits(
     api: client.ApiClient,
     namespace: str,
     gpu_node: Callable[..., dict[str, Any]],
+    gpu_class: str,
 ) -> None:
     client.CoreV1Api(api).patch_namespace(namespace, {"metadata": {"labels": OPTED_OUT}})
     node = f"dra-one-{namespace}"
     gpu_node(node, gpus=0)
-    dra.device_class(api)
     dra.publish_gpus(api, node, gpus=1, memory_gib=16)
     try:
         for index in range(4):
@@ -118,10 +127,9 @@ class DraNodes:
 
 
 @pytest.fixture(scope="module")
-def nodes(api: client.ApiClient) -> Iterator[DraNodes]:
+def nodes(api: client.ApiClient, gpu_class: str) -> Iterator[DraNodes]:
     tag = int(time.time()) % 100000
     made = DraNodes(f"dra-pool-{tag}", f"dra-card-{tag}", f"plugin-{tag}")
-    dra.device_class(api)
     try:
         for name in made.dra:
             put_gpu_node(api, name, gpus=0, wait=False)
@@ -195,6 +203,8 @@ def check_held(pod: dict[str, Any], result: dict[str, Any]) -> int:
     container's shim limit is the bytes its claim holds on its device. Those bytes."""
     name = pod["metadata"]["name"]
     assert pod["metadata"]["labels"][claims.DRA_LABEL] == "true"
+    # No aliyun.com/gpu-mem left: the extender, which manages only that, never saw the pod.
+    assert not extender_annotations(pod), name
     (main,) = pod["spec"]["containers"]
     assert main["resources"].get("claims") == [{"name": CLAIM}], main["resources"]
     assert GPU not in main["resources"].get("limits", {})
