@@ -3,8 +3,11 @@ NVIDIA's driver publishes them with consumable shares, tests/controlplane/dra.py
 KWOK plays, claims allocated by kube-scheduler's DynamicResources plugin with consumable capacity,
 and made and deleted by kube-controller-manager's resourceclaim controller.
 
-No webhook in the first test: explicit claims show the tier's DRA works on its own. The rest take
-pods through the whole pipeline with the webhook serving a policy of ``scheduler: dra``.
+No webhook in the first test: explicit claims show the tier's DRA works on its own; nor in the
+KEP-5004 one under the ``no-extender`` configuration, which shows what kube-scheduler alone does
+with ``aliyun.com/gpu-mem`` mapped to a DeviceClass. The rest take pods through the whole pipeline
+with the webhook serving ``scheduler: dra`` (and ``gpushare-extender`` where a test compares),
+on nodes the module shares; each test leaves their GPUs free (``on_pool``).
 """
 
 from __future__ import annotations
@@ -128,6 +131,8 @@ class DraNodes:
 
 @pytest.fixture(scope="module")
 def nodes(api: client.ApiClient, gpu_class: str) -> Iterator[DraNodes]:
+    """The module's nodes (DraNodes), made at once and waited for together; names never used
+    before, since the extender keeps a node's GPUs from the first time it sees its name."""
     tag = int(time.time()) % 100000
     made = DraNodes(f"dra-pool-{tag}", f"dra-card-{tag}", f"plugin-{tag}")
     try:
