@@ -377,10 +377,19 @@ def _held_by_policy(role: dict[str, Any]) -> bool:
     } <= kinds
 
 
+DRA_KINDS = ("resourceslices", "deviceclasses", "resourceclaimtemplates")
+DRA_LISTED = [[kind] for kind in DRA_KINDS]
+
+
 def test_rbac_is_least_privilege() -> None:
     docs = render("default")
-    # The server itself may only list and watch nodes, for --watch-nodes.
-    assert granted(docs, "gpushare-webhook") == {("", "nodes", "list"), ("", "nodes", "watch")}
+    # The server itself (--watch-nodes) lists and watches nodes, pods and what scheduler: dra
+    # reads, and creates nothing but the claim templates pending pods name.
+    watched = [("", "nodes"), ("", "pods"), *(("resource.k8s.io", r) for r in DRA_KINDS)]
+    assert granted(docs, "gpushare-webhook") == {
+        *((group, resource, verb) for group, resource in watched for verb in ("list", "watch")),
+        ("resource.k8s.io", "resourceclaimtemplates", "create"),
+    }
     webhook_args = find("default", "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert "--watch-nodes" in webhook_args["args"]
     for doc in docs:
@@ -391,8 +400,9 @@ def test_rbac_is_least_privilege() -> None:
                 if set(rule["verbs"]) - {"create", "list", "watch"} and not _held_by_policy(doc):
                     assert rule.get("resourceNames"), rule
                 if set(rule["verbs"]) & {"list", "watch"}:
-                    # Nothing secret is listed: nodes, pods (the node agent names regions).
-                    assert rule["resources"] in (["nodes"], ["pods"]), rule
+                    # Nothing secret is listed: nodes, pods (the node agent names regions),
+                    # and the DRA objects the webhook's node watch reads.
+                    assert rule["resources"] in (["nodes"], ["pods"], *DRA_LISTED), rule
 
 
 def test_the_report_reads_and_never_writes() -> None:

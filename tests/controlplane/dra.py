@@ -192,13 +192,20 @@ def claim_spec(memory: str, device_class_name: str = DRIVER, count: int = 1) -> 
 
 
 def create_claim(
-    api: client.ApiClient, namespace: str, name: str, memory: str, device_class_name: str = DRIVER
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    memory: str,
+    device_class_name: str = DRIVER,
+    *,
+    count: int = 1,
 ) -> dict[str, Any]:
+    """A ResourceClaim asking ``count`` GPUs of the class, ``memory`` of each, as created."""
     body = {
         "apiVersion": API_VERSION,
         "kind": "ResourceClaim",
         "metadata": {"name": name},
-        "spec": claim_spec(memory, device_class_name),
+        "spec": claim_spec(memory, device_class_name, count),
     }
     created: dict[str, Any] = _objects(api).create_namespaced_custom_object(
         GROUP, VERSION, namespace, "resourceclaims", body

@@ -126,10 +126,13 @@ def _node_source(
     watch = watchprocess.NodeWatch(
         shared / "nodes.json",
         watchprocess.WatchOptions(
-            kubeconfig=args.kubeconfig, context=args.context, label_selector=args.node_selector
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            label_selector=args.node_selector,
+            policy=str(Path(args.policy).absolute()) if args.policy else None,
         ),
     )
-    shared_nodes = SharedNodes(watch.snapshot, alive=watch.alive)
+    shared_nodes = SharedNodes(watch.snapshot, alive=watch.alive, templates=watch.counts)
     return shared_nodes, watch, shared_nodes.liveness
 
 

@@ -1,10 +1,17 @@
-"""Watching Nodes for their GPU capacity, as an informer does.
+"""Watching the API's objects as an informer does: Nodes, and what ``scheduler: dra`` reads.
 
-Owns the list-then-watch of Nodes in a background thread, and what it
-knows of them: the facts of each node (its labels and extended-resource
-capacity) and how the watch is doing. ``serve --watch-nodes`` runs one of
-these per server, in a process of its own (``webhook.cluster.watchprocess``),
-which shares the facts with every worker as a snapshot file.
+Owns the list-then-watch of one kind in a background thread (:class:`Watcher`),
+and what it knows of it: each object as the caller converts it, and how
+the watch is doing. :class:`NodeWatcher` follows Nodes for their GPU
+capacity (labels and extended resources); the same loop follows
+ResourceSlices, DeviceClasses, pending pods and claim templates
+(``webhook.cluster.watchprocess``). ``serve --watch-nodes`` runs them in a
+process of its own, which shares the facts with every worker as a
+snapshot file.
+
+A kind the cluster may lack (resource.k8s.io/v1 on an older API server,
+or one the RBAC does not grant) is ``optional``: its 404 or 403 is said
+once, not at every step of the backoff, and the other watches go on.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import random
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import urllib3
 from kubernetes import client
@@ -27,6 +34,7 @@ from webhook.cluster import kube
 from webhook.decision import NodeFacts, NodeStatus, facts_of
 
 log = logging.getLogger("gpushare_webhook.nodes")
+T = TypeVar("T")
 
 
 class _Gone(Exception):
@@ -60,8 +68,32 @@ def unreachable(error: BaseException) -> str:
     return text
 
 
-class NodeWatcher:
-    """A list-then-watch of Nodes in a background thread, as an informer does.
+@dataclasses.dataclass(frozen=True)
+class Resource:
+    """One kind a watch follows: where it is listed, and what a 403 asks to be granted."""
+
+    path: str  # "/api/v1/nodes"
+    what: str  # "nodes", in messages
+    name: str  # "node", of the watch in log lines ("node watch: ...")
+    grant: str = ""  # where the grant is, for a 403
+    field_selector: str = ""
+    optional: bool = False  # absent or refused: said once, and the other watches go on
+
+
+NODES = Resource(
+    "/api/v1/nodes", "nodes", "node", "see the ClusterRole in manifests/base/rbac.yaml"
+)
+
+
+def key_of(obj: dict[str, Any]) -> str:
+    """``namespace/name`` (``name`` for a cluster-scoped object): where it is kept."""
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name") or "")
+
+
+class Watcher(Generic[T]):
+    """A list-then-watch of one kind in a background thread, as an informer does.
 
     The watch resumes from the last resourceVersion after a broken stream,
     and lists again after 410 Gone (make_api should give a client with
@@ -69,28 +101,35 @@ class NodeWatcher:
     While the API is unreachable the last
     known nodes stay in force; until a first list succeeds (or when no node
     reports GPU memory) reviews fall back to the policy's ``gpuMemory``, and
-    the view says so. ``label_selector`` narrows the watch to some nodes
-    (``gpushare=true``: the nodes the GPU-share device plugin runs on).
+    the view says so. ``label_selector`` narrows the watch to some objects.
+    ``convert`` makes what is kept of each object; ``on_object``, if
+    given, is told of each listed, added or modified object as it comes,
+    in the watch's thread (what must act at once: a pending pod).
     """
 
     def __init__(
         self,
         make_api: Callable[[], client.ApiClient],
+        resource: Resource,
+        convert: Callable[[dict[str, Any]], T],
         *,
+        on_object: Callable[[str, dict[str, Any]], None] | None = None,
         label_selector: str = "",
         watch_timeout: int = 300,
         request_timeout: float = 15.0,
         backoff: tuple[float, float] = (0.5, 30.0),
     ) -> None:
         self._make_api = make_api
+        self.resource, self._convert, self._on_object = resource, convert, on_object
+        self._said = ""  # the problem of an optional kind, said once
         self.label_selector = label_selector
         self.watch_timeout = watch_timeout
         self.request_timeout = request_timeout
         self.backoff = backoff
         self._lock = threading.Lock()
-        self._facts: dict[str, NodeFacts] = {}
+        self._facts: dict[str, T] = {}
         self._version = 0  # bumps on every change of _facts or of the status
-        self._status = NodeStatus(watching=True, problem="node list not read yet")
+        self._status = NodeStatus(watching=True, problem=f"{resource.what} not read yet")
         self._stop = threading.Event()
         self._api: client.ApiClient | None = None
         self._stream: Any = None  # the watch's response, closed to stop it
@@ -108,16 +147,22 @@ class NodeWatcher:
         """A number that changes whenever the facts or the status do."""
         return self._version
 
-    def snapshot(self) -> tuple[int, NodeStatus, tuple[NodeFacts, ...]]:
+    def snapshot(self) -> tuple[int, NodeStatus, tuple[T, ...]]:
         """The version, status and facts, taken together."""
         with self._lock:
             return self._version, self._status, tuple(self._facts.values())
+
+    def __contains__(self, key: str) -> bool:
+        """Whether the object ``key`` (:func:`key_of`) is known."""
+        with self._lock:
+            return key in self._facts
 
     # -- the watch (its own thread) --
 
     def start(self) -> None:
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="node-watch", daemon=True)
+        name = f"{self.resource.name}-watch"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -139,20 +184,20 @@ class NodeWatcher:
             self._status = dataclasses.replace(old, **changes)
             self._version += 1
         if old.problem and not self._status.problem:
-            log.info("node watch: connected again, %d nodes known", self._status.nodes)
+            what, name = self.resource.what, self.resource.name
+            log.info("%s watch: connected again, %d %s known", name, self._status.nodes, what)
 
-    def _replace(self, facts: dict[str, NodeFacts]) -> None:
+    def _replace(self, facts: dict[str, T]) -> None:
         with self._lock:
             self._facts = facts
             self._version += 1
 
     def _get(self, query: dict[str, str], timeout: float | tuple[float, float]) -> Any:
-        return kube.get_json(
-            self._api,
-            "/api/v1/nodes",
-            {"labelSelector": self.label_selector, **query},
-            timeout=timeout,
-        )
+        selectors = {
+            "labelSelector": self.label_selector,
+            "fieldSelector": self.resource.field_selector,
+        }
+        return kube.get_json(self._api, self.resource.path, {**selectors, **query}, timeout=timeout)
 
     @staticmethod
     def _event(event: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -164,15 +209,17 @@ class NodeWatcher:
             raise ApiException(status=obj.get("code"), reason=obj.get("message"))
         return str(kind), obj
 
-    def _apply(self, kind: str, node: dict[str, Any]) -> None:
-        facts = facts_of(node)
+    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+        key = key_of(obj)
         with self._lock:
             if kind == "DELETED":
-                self._facts.pop(facts.name, None)
+                self._facts.pop(key, None)
             else:
-                self._facts[facts.name] = facts
+                self._facts[key] = self._convert(obj)
             self._version += 1
             self._status = dataclasses.replace(self._status, nodes=len(self._facts))
+        if self._on_object is not None and kind != "DELETED":
+            self._on_object(kind, obj)
 
     def _run(self) -> None:
         self._api = api = self._make_api()
@@ -201,12 +248,7 @@ class NodeWatcher:
             if error.status == 410:
                 state.version = None  # older than the API server keeps: list again
                 return None
-            return (
-                "forbidden to list or watch nodes: grant the service account 'list' and "
-                "'watch' on nodes (see the ClusterRole in manifests/base/rbac.yaml)"
-                if error.status == 403
-                else f"HTTP {error.status} {error.reason}"
-            )
+            return self._refused(error)
         except (urllib3.exceptions.HTTPError, OSError) as error:
             if state.streamed:
                 # A stream cut after it delivered events: resume where it stopped.
@@ -214,18 +256,33 @@ class NodeWatcher:
             problem = f"cannot reach the Kubernetes API at {api.configuration.host}"
             return problem + f" ({unreachable(error)})"
         except Exception as error:  # the thread must outlive any surprise from the API
-            log.exception("node watch failed")
+            log.exception("%s watch failed", self.resource.name)
             return f"{type(error).__name__}: {error}"
 
+    def _refused(self, error: ApiException) -> str:
+        what = self.resource.what
+        if error.status == 403:
+            return (
+                f"forbidden to list or watch {what}: grant the service account 'list' and "
+                f"'watch' on {what} ({self.resource.grant})"
+            )
+        if error.status == 404 and self.resource.optional:
+            return f"the API server does not serve {self.resource.path}"
+        return f"HTTP {error.status} {error.reason}"
+
     def _list(self) -> str:
-        """Replace what is known with a fresh list of the nodes; its resourceVersion."""
+        """Replace what is known with a fresh list; its resourceVersion."""
         listed = self._get({}, self.request_timeout)
         page = json.loads(listed.read())
         self.lists += 1
         items = page.get("items") or []
-        self._replace({f.name: f for f in map(facts_of, items)})
+        self._replace({key_of(item): self._convert(item) for item in items})
         version: str = page["metadata"]["resourceVersion"]
+        self._said = ""
         self._set(tried=True, synced=True, connected=True, problem="", nodes=len(items))
+        if self._on_object is not None:
+            for item in items:
+                self._on_object("ADDED", item)
         return version
 
     def _watch(self, state: _WatchState, *, since: str) -> None:
@@ -246,10 +303,10 @@ class NodeWatcher:
             if not line.strip():
                 continue
             state.streamed += 1
-            kind, node = self._event(json.loads(line))
+            kind, obj = self._event(json.loads(line))
             if kind != "BOOKMARK":
-                self._apply(kind, node)
-            state.version = (node.get("metadata") or {}).get("resourceVersion") or state.version
+                self._apply(kind, obj)
+            state.version = (obj.get("metadata") or {}).get("resourceVersion") or state.version
 
     def _back_off(self, problem: str, state: _WatchState) -> None:
         """Report ``problem``, then wait longer after each failure in a row (capped, jittered)."""
@@ -260,6 +317,41 @@ class NodeWatcher:
         state.version = None
         low, high = self.backoff
         delay = random.uniform(0.5, 1.0) * min(high, low * 2 ** (state.failures - 1))
-        # One line per step of the backoff, which says when the next one is.
-        log.warning("node watch: %s; trying again in %.2g s", problem, delay)
+        name = self.resource.name
+        if not self.resource.optional:
+            # One line per step of the backoff, which says when the next one is.
+            log.warning("%s watch: %s; trying again in %.2g s", name, problem, delay)
+        elif problem != self._said:
+            # A cluster without the kind is a steady state, not a failure to repeat.
+            self._said = problem
+            log.warning(
+                "%s watch: %s; going on without them, trying again now and then", name, problem
+            )
         self._stop.wait(delay)
+
+
+class NodeWatcher(Watcher[NodeFacts]):
+    """The Nodes, as facts (labels and extended-resource capacity), by name.
+
+    ``label_selector`` narrows the watch to some nodes (``gpushare=true``:
+    the nodes the GPU-share device plugin runs on).
+    """
+
+    def __init__(
+        self,
+        make_api: Callable[[], client.ApiClient],
+        *,
+        label_selector: str = "",
+        watch_timeout: int = 300,
+        request_timeout: float = 15.0,
+        backoff: tuple[float, float] = (0.5, 30.0),
+    ) -> None:
+        super().__init__(
+            make_api,
+            NODES,
+            facts_of,
+            label_selector=label_selector,
+            watch_timeout=watch_timeout,
+            request_timeout=request_timeout,
+            backoff=backoff,
+        )

@@ -9,6 +9,17 @@ replaces a snapshot file whole (``webhook.decision.nodesource.encode_snapshot``)
 and the workers read that file as they read the policy
 (``webhook.serving.nodefile``).
 
+Beside the Nodes it follows what ``scheduler: dra`` reads: the
+ResourceSlices (the GPUs drivers publish) and the DeviceClasses (one whose
+``extendedResourceName`` is one of the policy's resources is said in a log
+line), both written into the snapshot; a cluster without
+resource.k8s.io/v1, or RBAC that refuses it, is said once and the Nodes
+go on alone. It also makes the claim templates pending pods name
+(``webhook.cluster.templates``), with the served policy's ``dra`` section,
+re-read when the policy file changes; what it made and failed to make it
+counts in a small JSON file beside the snapshot (``NodeWatch.counts``),
+which the workers' /metrics reads.
+
 The watch never gives up on the API (it backs off and lists again), so it
 ends only when the serving process stops it, when that process is gone
 (it checks its parent), or when it cannot run at all: no usable credentials,
@@ -37,8 +48,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from webhook.decision import NodeFacts, NodeStatus, decode_snapshot, encode_snapshot
-from webhook.errors import KubeError, SnapshotError
+from webhook.decision import (
+    DEFAULT_POLICY,
+    DraFacts,
+    NodeFacts,
+    NodeStatus,
+    Policy,
+    decode_snapshot,
+    encode_snapshot,
+    parse_policy_text,
+)
+from webhook.errors import KubeError, PolicyError, SnapshotError
 
 log = logging.getLogger("gpushare_webhook.nodes")
 EXIT_FATAL = 2  # the watch cannot run with these settings
@@ -52,6 +72,7 @@ class WatchOptions:
     # Seconds between looks at what the watch knows; at least the file clock's
     # tick, so each replaced snapshot has its own mtime (webhook.serving.reload).
     interval: float = 0.25
+    policy: str | None = None  # the served policy's file, for the claim templates' shape
 
 
 class NodeWatch:
@@ -64,6 +85,8 @@ class NodeWatch:
 
     def __init__(self, snapshot: Path, options: WatchOptions) -> None:
         self.snapshot, self.options = snapshot, options
+        # {"created": n, "failures": n}: the claim templates made, and the creates refused
+        self.counts = snapshot.with_name("templates.json")
         self.pid = 0
         _write(snapshot, NodeStatus(watching=True, problem="node list not read yet"), ())
 
@@ -75,6 +98,7 @@ class NodeWatch:
         argv += ["--node-selector", o.label_selector]
         argv += ["--kubeconfig", o.kubeconfig] if o.kubeconfig else []
         argv += ["--context", o.context] if o.context else []
+        argv += ["--policy", o.policy] if o.policy else []
         argv += ["--log-config", json.dumps(log_config)] if log_config else []
         pid = subprocess.Popen(argv, stdin=subprocess.DEVNULL).pid
         self.pid = pid
@@ -154,11 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-selector", default="")
     parser.add_argument("--kubeconfig")
     parser.add_argument("--context")
+    parser.add_argument("--policy")
     parser.add_argument("--log-config")
     args = parser.parse_args(argv)
     if args.log_config:
         logging.config.dictConfig(json.loads(args.log_config))
-    options = WatchOptions(args.kubeconfig, args.context, args.node_selector, args.interval)
+    options = WatchOptions(
+        args.kubeconfig, args.context, args.node_selector, args.interval, args.policy
+    )
     try:
         return _watch(args.snapshot, options, args.parent)
     except BaseException:
@@ -172,35 +199,85 @@ def _watch(snapshot: Path, options: WatchOptions, parent: int) -> int:
     # Ctrl-C and SIGHUP are the serving process's to act on; it stops this one.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    from webhook.cluster import informer, kube
+    from webhook.cluster import kube
+    from webhook.cluster.watches import Watches
 
     try:
         kube.api_client(options.kubeconfig, options.context)
     except KubeError as error:
         _write(snapshot, NodeStatus(watching=True, tried=True, fatal=str(error)), ())
         return EXIT_FATAL
-    watcher = informer.NodeWatcher(
+    policy = PolicyFile(Path(options.policy) if options.policy else None)
+    watches = Watches(
         lambda: kube.api_client(options.kubeconfig, options.context, retries=0),
-        label_selector=options.label_selector,
+        options.label_selector,
+        policy.get,
     )
-    watcher.start()
-    written = -1
+    watches.start()
+    written: object = None
+    counted: object = None
     try:
         while True:
-            version, status, facts = watcher.snapshot()
-            if version != written:
-                _write(snapshot, status, facts)
+            policy.refresh()
+            watches.said_mapped(policy.get())
+            version = watches.version()
+            if version != written and watches.ready():
+                status, facts, dra = watches.snapshot()
+                _write(snapshot, status, facts, dra)
                 written = version
+            counts = watches.counts()
+            if counts != counted:
+                _replace(snapshot.with_name("templates.json"), json.dumps(counts).encode())
+                counted = counts
             if stop.wait(options.interval) or os.getppid() != parent:
                 return 0
     finally:
-        watcher.stop(timeout=1.0)
+        watches.stop(timeout=1.0)
 
 
-def _write(path: Path, status: NodeStatus, facts: Iterable[NodeFacts]) -> None:
+class PolicyFile:
+    """The served policy, for the templates' shape: re-read when the file's bytes change.
+
+    A file that cannot be read or parsed keeps the last good policy (the
+    workers say why; this says it once per change of the file).
+    """
+
+    def __init__(self, path: Path | None, *, interval: float = 1.0) -> None:
+        self.path, self.interval = path, interval
+        self._policy, self._bytes, self._checked = DEFAULT_POLICY, b"", -interval
+        self.refresh()
+
+    def get(self) -> Policy:
+        return self._policy
+
+    def refresh(self) -> None:
+        now = time.monotonic()
+        if self.path is None or now - self._checked < self.interval:
+            return
+        self._checked = now
+        try:
+            data = self.path.read_bytes()
+        except OSError:
+            return  # a moment in a ConfigMap's swap; the next look finds it
+        if data == self._bytes:
+            return
+        self._bytes = data
+        try:
+            self._policy = parse_policy_text(data.decode("utf-8"), source=str(self.path))
+        except (PolicyError, UnicodeDecodeError) as error:
+            log.warning("claim templates keep the last good policy: %s", error)
+
+
+def _write(
+    path: Path, status: NodeStatus, facts: Iterable[NodeFacts], dra: DraFacts | None = None
+) -> None:
     """Replace the snapshot whole: a reader sees the old file or the new one, never half."""
+    _replace(path, encode_snapshot(status, facts, *([dra] if dra is not None else [])))
+
+
+def _replace(path: Path, data: bytes) -> None:
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(encode_snapshot(status, facts))
+    partial.write_bytes(data)
     os.replace(partial, path)
 
 

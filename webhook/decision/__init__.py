@@ -25,8 +25,9 @@ exactly this code (import-linter checks it; see pyproject.toml).
 from webhook.decision.admission import Result, admit
 from webhook.decision.affinity import SHIM_LABEL
 from webhook.decision.asks import ContainerAsk
-from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node
-from webhook.decision.claims import is_claimed
+from webhook.decision.capacity import DeviceFacts, GpuNode, NodeFacts, gpu_node
+from webhook.decision.claims import DRA_LABEL, MANAGED_BY, is_claimed, template_shape
+from webhook.decision.claims import template as claim_template
 from webhook.decision.contract import ACCOUNTING_VOLUME, REGION_DIR, REGION_SUFFIX
 from webhook.decision.fields import STATUS_ANNOTATION, container_label
 from webhook.decision.guard import MESSAGE_PREFIX
@@ -35,10 +36,14 @@ from webhook.decision.jsontext import encoder
 from webhook.decision.layout import INIT_STEP
 from webhook.decision.model import GpuPod, stored_gpu_pod
 from webhook.decision.nodesource import (
+    DraFacts,
     NodeSource,
     NodeStatus,
     NoNodes,
+    class_of,
+    decode_dra,
     decode_snapshot,
+    devices_of,
     encode_snapshot,
     facts_of,
     prepare,
@@ -53,7 +58,9 @@ __all__ = [
     "ACCOUNTING_VOLUME",
     "BYTES_PER_MIB",
     "DEFAULT_POLICY",
+    "DRA_LABEL",
     "INIT_STEP",
+    "MANAGED_BY",
     "MESSAGE_PREFIX",
     "REGION_DIR",
     "REGION_SUFFIX",
@@ -61,6 +68,8 @@ __all__ = [
     "STATUS_ANNOTATION",
     "ContainerAsk",
     "Decision",
+    "DeviceFacts",
+    "DraFacts",
     "GpuNode",
     "GpuPod",
     "Kept",
@@ -72,9 +81,13 @@ __all__ = [
     "Prepared",
     "Result",
     "admit",
+    "claim_template",
+    "class_of",
     "container_label",
     "decide",
+    "decode_dra",
     "decode_snapshot",
+    "devices_of",
     "dump_policy",
     "encode_snapshot",
     "encoder",
@@ -89,4 +102,5 @@ __all__ = [
     "plan_ephemeral",
     "prepare",
     "stored_gpu_pod",
+    "template_shape",
 ]

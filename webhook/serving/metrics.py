@@ -28,6 +28,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from webhook.decision import BYTES_PER_MIB, GpuNode, NodeSource, Result
+from webhook.serving.nodefile import SharedNodes
 from webhook.serving.runtime import METRICS_ENV, PolicySource
 
 log = logging.getLogger("gpushare_webhook.metrics")
@@ -185,6 +186,7 @@ class LiveState(Collector):
             "1 when GPU sizes come from the policy's gpuMemory instead of the nodes",
             int(view.nodes is None),
         )
+        yield from self._dra(view.mapped)
 
         expiry = self._cert_expiry()
         if expiry is not None:
@@ -193,6 +195,33 @@ class LiveState(Collector):
                 "When the serving certificate expires",
                 expiry,
             )
+
+    def _dra(self, mapped: tuple[str, ...]) -> Iterator[Metric]:
+        """What ``scheduler: dra`` and KEP-5004 bring: mapping DeviceClasses, templates made."""
+        yield _gauge(
+            "gpushare_deviceclasses_mapping_gpu_resources",
+            "DeviceClasses whose extendedResourceName is one of the policy's resources, "
+            "which kube-scheduler then serves as whole GPUs (KEP-5004)",
+            len(mapped),
+        )
+        # Without the node watch nothing makes templates: the counts are 0, not absent.
+        templates = (
+            self.nodes.templates()
+            if isinstance(self.nodes, SharedNodes)
+            else {"created": 0, "failures": 0}
+        )
+        made = CounterMetricFamily(
+            "gpushare_claim_templates_created",
+            "ResourceClaimTemplates the node watch made for pending scheduler: dra pods",
+        )
+        made.add_metric([], templates["created"])
+        yield made
+        refused = CounterMetricFamily(
+            "gpushare_claim_template_failures",
+            "ResourceClaimTemplates the node watch failed to make (RBAC, quota)",
+        )
+        refused.add_metric([], templates["failures"])
+        yield refused
 
     def _cert_expiry(self) -> float | None:
         if self.cert is None:

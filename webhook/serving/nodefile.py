@@ -6,23 +6,29 @@ follows that file with the rule the policy follows (``webhook.serving.reload``:
 looked at every ``interval``, the last good snapshot kept if one cannot be
 read), and prepares the policy once per snapshot and policy
 (``webhook.decision.prepared.Prepared``, which keeps the bounds of each
-placement). No worker imports the kubernetes client or talks
-to the API.
+placement). Under ``scheduler: dra`` the GPUs are the ResourceSlices'
+devices the snapshot carries beside the Nodes (``decode_dra``). No worker
+imports the kubernetes client or talks to the API. The watch's count of
+claim templates made and refused lives in a small JSON file of its own
+(``templates``), read at scrape time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from webhook.decision import (
+    DraFacts,
     Kept,
     NodeFacts,
     NodeStatus,
     Policy,
     Prepared,
+    decode_dra,
     decode_snapshot,
     prepare,
 )
@@ -32,7 +38,7 @@ from webhook.serving.reload import WatchedFiles, replaced
 log = logging.getLogger("gpushare_webhook.nodes")
 STOPPED = "the node watch process has stopped; the nodes known before stay in force"
 
-Snapshot = tuple[NodeStatus, tuple[NodeFacts, ...]]
+Snapshot = tuple[NodeStatus, tuple[NodeFacts, ...], DraFacts]
 
 
 def _load(path: Path) -> Snapshot:
@@ -40,7 +46,8 @@ def _load(path: Path) -> Snapshot:
         data = path.read_bytes()
     except OSError as error:
         raise SnapshotError(f"{path}: cannot read the node snapshot: {error.strerror}") from None
-    return decode_snapshot(data)
+    status, facts = decode_snapshot(data)
+    return status, facts, decode_dra(data)
 
 
 class SharedNodes:
@@ -51,9 +58,14 @@ class SharedNodes:
     """
 
     def __init__(
-        self, path: Path, *, alive: Callable[[], bool] = lambda: True, interval: float = 0.25
+        self,
+        path: Path,
+        *,
+        alive: Callable[[], bool] = lambda: True,
+        interval: float = 0.25,
+        templates: Path | None = None,
     ) -> None:
-        self.path = path
+        self.path, self.templates_path = path, templates
         self._alive = alive
         self._file: WatchedFiles[Snapshot] = WatchedFiles(
             [path],
@@ -79,7 +91,9 @@ class SharedNodes:
 
     def prepared(self, policy: Policy) -> Prepared:
         snapshot, last = self._file.get(), self._kept.last
-        view = self._kept.get(policy, snapshot, lambda: prepare(snapshot[1], snapshot[0], policy))
+        view = self._kept.get(
+            policy, snapshot, lambda: prepare(snapshot[1], snapshot[0], policy, snapshot[2])
+        )
         if view is last:
             return view
         if view.uncounted and (last is None or last.uncounted != view.uncounted):
@@ -93,3 +107,13 @@ class SharedNodes:
                 ", ".join(view.uncounted[:10]) + (", ..." if len(view.uncounted) > 10 else ""),
             )
         return view
+
+    def templates(self) -> dict[str, int]:
+        """The watch's claim templates: ``created`` and ``failures`` (creates refused), so far."""
+        try:
+            found = json.loads(self.templates_path.read_bytes()) if self.templates_path else {}
+        except (OSError, ValueError):
+            found = {}  # not written yet: none made
+        if not isinstance(found, dict):
+            found = {}
+        return {k: int(found.get(k) or 0) for k in ("created", "failures")}
