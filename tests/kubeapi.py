@@ -163,6 +163,8 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self._list_nodes()
         else:
+            # The connection is kept alive: a body left unread would be the next request.
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
             self._send(404, _status(404, "NotFound", f"no route {path}"))
 
     def _denied(self, verb: str, resource: str) -> bool:

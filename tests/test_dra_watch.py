@@ -21,7 +21,7 @@ import pytest
 from tests.helpers import eventually
 from tests.kubeapi import serve
 from webhook.cluster import informer, kube
-from webhook.cluster.templates import wanted
+from webhook.cluster.templates import TemplateMaker, wanted
 from webhook.cluster.watches import Watches, mapped_classes
 from webhook.cluster.watchprocess import PolicyFile
 from webhook.decision import DEFAULT_POLICY, DraFacts, decode_dra, encode_snapshot
@@ -171,3 +171,36 @@ def test_without_resource_k8s_io_the_nodes_go_on_and_it_is_said_once(
     ]
     assert "does not serve /apis/resource.k8s.io/v1/resourceslices" in "".join(said)
     assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_a_refused_create_is_tried_again_while_its_pod_waits(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stand-in serves no resource.k8s.io, so every create is refused (404)."""
+    waiting = pending("team", {"name": "gpushare-main", "resourceClaimTemplateName": T})
+    with serve(tmp_path) as (api, kubeconfig):
+        maker = TemplateMaker(
+            lambda: kube.api_client(str(kubeconfig), retries=0),
+            lambda: DEFAULT_POLICY,
+            lambda key: False,
+            retry_after=0.1,
+        )
+        maker.pod("ADDED", waiting)
+        maker.pod("MODIFIED", waiting)  # too soon after the failure
+        maker.retry(lambda key: True)  # too soon too
+        assert maker.failures == 1
+        time.sleep(0.15)
+        maker.retry(lambda key: key == "team/p")
+        assert maker.failures == 2
+        time.sleep(0.15)
+        maker.retry(lambda key: False)  # the pod was bound or deleted: nothing waits
+        time.sleep(0.15)
+        maker.retry(lambda key: True)
+        assert maker.failures == 2
+        assert maker.created == 0
+        posts = [path for verb, path in api.requests if verb == "post"]
+        assert posts == ["/apis/resource.k8s.io/v1/namespaces/team/resourceclaimtemplates"] * 2
+    said = [r.getMessage() for r in caplog.records if "not made" in r.getMessage()]
+    assert len(said) == 2
+    assert said[0].startswith(f"claim template {T} not made in namespace team (pod p waits for it)")
+    assert "HTTP 404" in said[0]

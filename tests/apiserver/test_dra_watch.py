@@ -22,16 +22,19 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.apiserver.helpers import (
+    apply_server_side,
     create_namespace,
     create_pod,
     delete_namespaces,
+    delete_nodes,
     gpu_container,
     pod_manifest,
+    put_node,
     stored_pod,
     wait_for_service_account,
 )
 from tests.conftest import Server, start_watching, stop_server
-from tests.controlplane.install import Installed
+from tests.controlplane.install import NS, Installed, service_account_kubeconfig
 from tests.helpers import container, eventually, pod
 from webhook import tls
 
@@ -160,8 +163,16 @@ def templates_in(api: client.ApiClient, namespace: str) -> list[str]:
     return sorted(item["metadata"]["name"] for item in found["items"])
 
 
-def test_a_pending_pods_template_is_made_in_its_namespace(installed: Installed) -> None:
+def test_a_pending_pods_template_is_made_in_its_namespace(
+    installed: Installed, dra_server: Server
+) -> None:
+    """Two servers watch the pods (the installed one and ``dra_server``), as two replicas do:
+    whichever is first makes the template, the other's create is AlreadyExists, said nowhere."""
     api = installed.api
+
+    def logs() -> str:
+        return installed.server.log.read_text() + dra_server.log.read_text()
+
     create_namespace(api, NAMESPACE)
     wait_for_service_account(api, NAMESPACE)
     try:
@@ -169,12 +180,10 @@ def test_a_pending_pods_template_is_made_in_its_namespace(installed: Installed) 
             core = client.CoreV1Api(api)
             dry = pod_manifest("dry", gpu_container(gpu="3"))
             core.create_namespaced_pod(NAMESPACE, dry, dry_run="All")
-            started = time.monotonic()
             made = create_pod(api, NAMESPACE, pod_manifest("train", gpu_container(gpu="4")))
             assert made["metadata"]["labels"]["gpushare-webhook.io/dra"] == "true"
             wanted = "gpushare-4096mi.gpu.nvidia.com"
             eventually(lambda: templates_in(api, NAMESPACE) == [wanted])
-            took = time.monotonic() - started
             template = objects(api).get_namespaced_custom_object(
                 GROUP, VERSION, NAMESPACE, "resourceclaimtemplates", wanted
             )
@@ -189,16 +198,18 @@ def test_a_pending_pods_template_is_made_in_its_namespace(installed: Installed) 
                 ),
                 timeout=30,
             )
-            log = installed.server.log.read_text()
-            assert f"claim template {wanted} made in namespace {NAMESPACE}" in log
+            line = f"claim template {wanted} made in namespace {NAMESPACE}"
+            assert logs().count(line) == 1
+            assert "not made" not in logs()
             # The dry run's 3 GiB template was never made, nor asked for.
-            assert "gpushare-3072mi" not in log
-            assert installed.server.metrics()["gpushare_claim_templates_created_total"] >= 1
-            print(f"template made {took * 1000:.0f} ms after the pod's create returned")
+            assert "gpushare-3072mi" not in logs()
+            made_total = "gpushare_claim_templates_created_total"
+            servers = (installed.server, dra_server)
+            eventually(lambda: sum(s.metrics()[made_total] for s in servers) >= 1)
             # A second pod of the same shape makes no call: the template is known.
             create_pod(api, NAMESPACE, pod_manifest("again", gpu_container(gpu="4")))
             time.sleep(0.5)
-            assert installed.server.log.read_text().count(f"claim template {wanted}") == 1
+            assert logs().count(f"claim template {wanted}") == 1
     finally:
         delete_namespaces(api, NAMESPACE)
 
@@ -220,3 +231,47 @@ def test_the_policy_rbac_grants_what_the_watch_reads(installed: Installed) -> No
         check=False,
     )  # fmt: skip
     assert denied.stdout.strip() == "no"
+
+
+NODES_ONLY = f"""
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: gpushare-nodes-only, namespace: {NS}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: gpushare-nodes-only}}
+rules:
+  - {{apiGroups: [""], resources: [nodes], verbs: [list, watch]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: gpushare-nodes-only}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: gpushare-nodes-only}}
+subjects: [{{kind: ServiceAccount, name: gpushare-nodes-only, namespace: {NS}}}]
+"""
+
+
+def test_rbac_without_the_dra_kinds_leaves_the_nodes_and_says_so_once(
+    installed: Installed, tmp_path: Path, pki: tls.Issued
+) -> None:
+    """The RBAC of an older release (nodes only): each refused kind is one line, no traceback."""
+    plane, api = installed.plane, installed.api
+    apply_server_side(plane, NODES_ONLY)
+    put_node(api, "rbac-a", memory=24, count=1)
+    try:
+        kubeconfig = service_account_kubeconfig(plane, "gpushare-nodes-only", tmp_path)
+        log = tmp_path / "server.log"
+        with start_watching(pki, kubeconfig, log, workers=1) as running:
+            eventually(lambda: running.metrics()["gpushare_gpu_nodes"] == 1)
+            refused = ("ResourceSlice", "DeviceClass", "claim template", "dra pod")
+            for kind in refused:
+                eventually(lambda kind=kind: f"{kind} watch: forbidden" in log.read_text())
+            time.sleep(2)  # several more tries of each
+            text = log.read_text()
+            assert all(text.count(f"{kind} watch:") == 1 for kind in refused), text
+            assert "Traceback" not in text
+            assert running.ask(pod(container(gpu="25")))["allowed"] is False
+    finally:
+        plane.kubectl("delete", "-f", "-", "--ignore-not-found", stdin=NODES_ONLY)
+        delete_nodes(api, seen_by=installed.server)

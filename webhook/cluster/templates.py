@@ -12,8 +12,9 @@ the sooner the pod's claim does.
 
 A template known (listed, watched, or made here) is never asked for again,
 so a steady state makes no calls. A create that fails (RBAC, a quota) is
-one log line and a count, and is tried again no sooner than ``RETRY``
-seconds later, when the pod next changes.
+one log line and a count, and is tried again ``RETRY`` seconds later while
+its pod still waits (:meth:`TemplateMaker.retry`, from the watch
+process's loop: a pod held back for a missing claim may never change).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook.cluster import kube
-from webhook.cluster.informer import Resource
+from webhook.cluster.informer import Resource, key_of
 from webhook.decision import DRA_LABEL, MANAGED_BY, Policy, claim_template, template_shape
 
 log = logging.getLogger("gpushare_webhook.templates")
@@ -76,12 +77,16 @@ class TemplateMaker:
         make_api: Callable[[], client.ApiClient],
         policy: Callable[[], Policy],
         known: Callable[[str], bool],
+        *,
+        retry_after: float = RETRY,
     ) -> None:
         self._make_api, self._policy, self._known = make_api, policy, known
+        self.retry_after = retry_after
         self._api: client.ApiClient | None = None
         self._lock = threading.Lock()
         self._made: set[str] = set()  # made here, before the template watch reports them
-        self._failed: dict[str, float] = {}  # key: when its last create failed (monotonic)
+        # key: when its last create failed (monotonic), and the pod that named it
+        self._failed: dict[str, tuple[float, dict[str, Any]]] = {}
         self.created = 0
         self.failures = 0
 
@@ -91,11 +96,22 @@ class TemplateMaker:
             if key in self._made or self._known(key):
                 continue
             failed = self._failed.get(key)
-            if failed is not None and time.monotonic() - failed < RETRY:
+            if failed is not None and time.monotonic() - failed[0] < self.retry_after:
                 continue
             self._create(key, pod)
 
-    def _create(self, key: str, pod: Mapping[str, Any]) -> None:
+    def retry(self, pending: Callable[[str], bool]) -> None:
+        """Try the failed creates again, ``retry_after`` on, for pods ``pending`` still holds."""
+        now = time.monotonic()
+        for key, (when, pod) in list(self._failed.items()):
+            if now - when < self.retry_after or key in self._made or self._known(key):
+                continue
+            if pending(key_of(pod)):
+                self._create(key, pod)
+            else:
+                self._failed.pop(key, None)  # its pod is gone or bound: nothing waits for it
+
+    def _create(self, key: str, pod: dict[str, Any]) -> None:
         namespace, _, name = key.partition("/")
         body = claim_template(name, self._policy())
         if body is None:
@@ -110,10 +126,10 @@ class TemplateMaker:
             if error.status == 409:  # AlreadyExists: made by another replica, or just before
                 self._settle(key)
                 return
-            self._fail(key, pod_name, _refusal(error))
+            self._fail(key, pod, _refusal(error))
             return
         except Exception as error:  # a network failure must not end the pod watch
-            self._fail(key, pod_name, f"{type(error).__name__}: {error}")
+            self._fail(key, pod, f"{type(error).__name__}: {error}")
             return
         self._settle(key)
         with self._lock:
@@ -124,8 +140,9 @@ class TemplateMaker:
         self._made.add(key)
         self._failed.pop(key, None)
 
-    def _fail(self, key: str, pod_name: object, why: str) -> None:
-        self._failed[key] = time.monotonic()
+    def _fail(self, key: str, pod: dict[str, Any], why: str) -> None:
+        self._failed[key] = (time.monotonic(), pod)
+        pod_name = (pod.get("metadata") or {}).get("name")
         with self._lock:
             self.failures += 1
         namespace, _, name = key.partition("/")

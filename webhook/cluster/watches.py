@@ -112,6 +112,10 @@ class Watches:
         devices = tuple(device for found in slices for device in found)
         return status, facts, DraFacts(devices, tuple(c for found in classes for c in found))
 
+    def retry(self) -> None:
+        """Try the refused template creates again for the pods that still wait for them."""
+        self.maker.retry(lambda key: key in self.pods)
+
     def counts(self) -> dict[str, int]:
         return {"created": self.maker.created, "failures": self.maker.failures}
 

@@ -220,6 +220,7 @@ def _watch(snapshot: Path, options: WatchOptions, parent: int) -> int:
         while True:
             policy.refresh()
             watches.said_mapped(policy.get())
+            watches.retry()
             version = watches.version()
             if version != written and watches.ready():
                 status, facts, dra = watches.snapshot()
