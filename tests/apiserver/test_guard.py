@@ -519,6 +519,10 @@ def test_under_dra_with_the_driver_setting_limits_only_the_claims_are_held(
     (claim,) = pod["spec"]["resourceClaims"]
     assert claim["resourceClaimTemplateName"] == "gpushare-2048mi-c25.hami-core-gpu.project-hami.io"
     assert "env" not in pod["spec"]["containers"][0]
+    # The guard of another scheduler's policy (the installed one) reads the pod for its
+    # claim, and holds nothing: it asks no GPU memory.
+    message = _dry_run(guarded.api, TEAM, pod)
+    assert message is None or GUARDED not in message, message
     with judging(guarded, tmp_path / "policy.yaml", f"{GUARD}-dra-driver"):
         assert _dry_run(guarded.api, OPTED_OUT, pod) is None
         _reclassed(pod)

@@ -26,6 +26,7 @@ from webhook.decision.admission import Result, admit
 from webhook.decision.affinity import SHIM_LABEL
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.capacity import GpuNode, NodeFacts, gpu_node
+from webhook.decision.claims import template as claim_template
 from webhook.decision.contract import ACCOUNTING_VOLUME, REGION_DIR, REGION_SUFFIX
 from webhook.decision.fields import STATUS_ANNOTATION, container_label
 from webhook.decision.guard import MESSAGE_PREFIX
@@ -71,6 +72,7 @@ __all__ = [
     "Prepared",
     "Result",
     "admit",
+    "claim_template",
     "container_label",
     "decide",
     "decode_snapshot",

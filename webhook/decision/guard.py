@@ -173,7 +173,8 @@ _POD_PIECES = [
 # The API server evaluates a variable only when an expression reads it. A pod
 # the webhook set up is judged by ``ok`` alone, conditions joined by &&; the lists
 # of what is missing, and their words, are made only for a pod that fails. Under
-# scheduler: dra a pod is held by its claims instead (webhook.decision.guardclaims).
+# scheduler: dra a pod is held by its claims instead (webhook.decision.guardclaims);
+# under another scheduler a pod read for its claims alone asks nothing to hold.
 LOGIC: list[tuple[str, str]] = [
     (
         "gpu",
@@ -190,8 +191,8 @@ LOGIC: list[tuple[str, str]] = [
     *guardclaims.logic(_PIECES, _POD_PIECES),
     (
         "ok",
-        "variables.dra ? variables.draOk : "
-        f"{_all(_POD_PIECES)} && variables.want.all(w, {_all(_PIECES)})",
+        "variables.dra ? variables.draOk : size(variables.gpu) == 0 || "
+        f"({_all(_POD_PIECES)} && variables.want.all(w, {_all(_PIECES)}))",
     ),
     (
         "lacks",
