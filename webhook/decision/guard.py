@@ -6,6 +6,8 @@ sets (the scheduler name, the shim's volumes and mounts, the shim first
 in ``LD_PRELOAD``, the memory limit pinned to the container's own ask,
 the accounting region, the status annotation) reached validation without
 the webhook, and is refused (or warned about, where the webhook warns).
+Under ``scheduler: dra`` a pod is held to the claims the webhook gave it
+instead (``webhook.decision.guardclaims``).
 
 The expressions are one fixed text; the webhook's policy reaches them
 only as the ``params`` variables (literals), so the chart can make the
