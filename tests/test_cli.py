@@ -23,6 +23,7 @@ from tests.helpers import container, env_of, pod
 from webhook.cli import build_parser, main
 from webhook.cli.args import SERVE_DEFAULTS
 from webhook.cli.offline import cmd_mutate
+from webhook.decision import claim_template, parse_policy_text
 from webhook.errors import InputError
 from webhook.serving.server import ServeOptions
 
@@ -593,3 +594,79 @@ def test_the_readme_tour_is_what_mutate_prints() -> None:
     code, out, err = run_mutate(given.split("```")[0])
     assert code == 0, err
     assert yaml.safe_load(out) == yaml.safe_load(admitted.split("```")[0])
+
+
+DRA = "scheduler: dra\n"
+PREVIEWED_CLAIMS = {
+    # id: (policy, documents, -n, the claim lines on stderr, (namespace, template) printed)
+    "a-pod": (
+        DRA,
+        [pod(container(gpu="4"))],
+        "",
+        ["claim: document 1 (Pod/train): gpushare-main from gpushare-4096mi.gpu.nvidia.com"],
+        [("team-a", "gpushare-4096mi.gpu.nvidia.com")],
+    ),
+    "each-container-its-own-one-template-per-size": (
+        DRA,
+        [pod(container(gpu="4"), container("side", gpu="4"), init=[container("warm", gpu="2")])],
+        "",
+        [  # in the pod's order of claims: init containers first
+            "claim: document 1 (Pod/train): gpushare-warm from gpushare-2048mi.gpu.nvidia.com",
+            "claim: document 1 (Pod/train): gpushare-main from gpushare-4096mi.gpu.nvidia.com",
+            "claim: document 1 (Pod/train): gpushare-side from gpushare-4096mi.gpu.nvidia.com",
+        ],
+        [
+            ("team-a", "gpushare-2048mi.gpu.nvidia.com"),
+            ("team-a", "gpushare-4096mi.gpu.nvidia.com"),
+        ],
+    ),
+    "a-workload-in-the-flags-namespace": (
+        "scheduler: dra\ndra: {deviceClassName: hami-core-gpu.project-hami.io, "
+        "computeCapacity: cores}\n",
+        [template("Deployment", "apps/v1", pod(container(gpu="2"))["spec"])],
+        "lab",
+        [
+            "claim: document 1 (Deployment/deployment): gpushare-main from "
+            "gpushare-2048mi-c0.hami-core-gpu.project-hami.io"
+        ],
+        [("lab", "gpushare-2048mi-c0.hami-core-gpu.project-hami.io")],
+    ),
+    "two-namespaces-two-templates": (
+        DRA,
+        [pod(container(gpu="4")), pod(container(gpu="4"), namespace="team-b")],
+        "",
+        [
+            "claim: document 1 (Pod/train): gpushare-main from gpushare-4096mi.gpu.nvidia.com",
+            "claim: document 2 (Pod/train): gpushare-main from gpushare-4096mi.gpu.nvidia.com",
+        ],
+        [
+            ("team-a", "gpushare-4096mi.gpu.nvidia.com"),
+            ("team-b", "gpushare-4096mi.gpu.nvidia.com"),
+        ],
+    ),
+    "not-under-the-extender": (DRA.replace("dra", "gpushare-extender"), [pod()], "", [], []),
+    "a-refused-pod-names-none": (DRA, [pod(container(gpu="0.5"))], "", [], []),
+}
+
+
+@pytest.mark.parametrize("case", PREVIEWED_CLAIMS, ids=list(PREVIEWED_CLAIMS))
+def test_under_dra_mutate_shows_the_claims_and_the_templates_the_cluster_makes(
+    tmp_path: Path, case: str
+) -> None:
+    text, documents, namespace, lines, made = PREVIEWED_CLAIMS[case]
+    (tmp_path / "policy.yaml").write_text(text)
+    source = yaml.safe_dump_all(documents)
+    args = ("--policy", str(tmp_path / "policy.yaml"), "-n", namespace)
+    _, _, err = run_mutate(source, *args)
+    said = [line.split(", made in", 1)[0] for line in err.splitlines() if line.startswith("claim:")]
+    assert said == [line.replace(" from ", " from ResourceClaimTemplate ") for line in lines]
+    _, out, _ = run_mutate(source, *args, "-o", "templates")
+    printed = [doc for doc in yaml.safe_load_all(out) if doc]
+    assert [(d["metadata"]["namespace"], d["metadata"]["name"]) for d in printed] == made
+    policy = parse_policy_text(text)
+    for body in printed:
+        # The body the cluster side makes from the name, in the pod's namespace.
+        expected = claim_template(body["metadata"]["name"], policy)
+        assert expected is not None
+        expected["metadata"]["namespace"] = body["metadata"]["namespace"]
+        assert body == expected

@@ -9,6 +9,7 @@ policy, and that its bindings follow the policy's enforcement.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,9 @@ import yaml
 
 from tests.test_chart import CHART, NAMESPACE, helm, template  # noqa: F401 - helm: a fixture
 from webhook.cli.offline import dump_guard
+from webhook.decision.claims import template_shape
 from webhook.decision.guard import LOGIC, MATCH, bindings, guard
+from webhook.decision.guardclaims import CLAIMED_MATCH, TEMPLATE_PATTERN
 from webhook.decision.policy import parse_policy_text
 
 ROOT = Path(__file__).parent.parent
@@ -76,6 +79,13 @@ LITERALS = {
         "resource": '"example.com/vram"',
         "schedulerName": '"gpu-profile"',
     },
+    "scheduler: dra\n"
+    "dra: {deviceClassName: hami-core-gpu.project-hami.io, driverSetsLimits: true}\n": {
+        "countFromLabel": "true",
+        "dra": "true",
+        "deviceClass": '"hami-core-gpu.project-hami.io"',
+        "driverSetsLimits": "true",
+    },
 }
 
 
@@ -90,12 +100,20 @@ def _literals(text: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("text", "changed"),
     LITERALS.items(),
-    ids=["ack-label", "ack-resource-per-device", "mib-compute-preload", "paths-names", "names"],
+    ids=[
+        "ack-label",
+        "ack-resource-per-device",
+        "mib-compute-preload",
+        "paths-names",
+        "names",
+        "dra-driver-sets-limits",
+    ],
 )
 def test_the_policy_reaches_the_guard_as_literals(text: str, changed: dict[str, str]) -> None:
     defaults = _literals("")
     assert defaults["resource"] == '"aliyun.com/gpu-mem"'
     assert defaults["mibPerUnit"] == "1024"
+    assert (defaults["dra"], defaults["deviceClass"]) == ("false", '"gpu.nvidia.com"')
     assert _literals(text) == {**defaults, **changed}
     (policy, *_) = guard(parse_policy_text(text))
     match = policy["spec"]["matchConditions"][0]["expression"]
@@ -115,7 +133,7 @@ def test_the_charts_expressions_are_the_generators() -> None:
     assert yaml.safe_load(text) == made, "GOLDEN_UPDATE=1 rewrites it"
 
 
-CHART_POLICIES = {
+CHART_POLICIES: dict[str, dict[str, Any]] = {
     "defaults": {},
     "ack-per-device-mib": {
         "scheduler": "ack",
@@ -133,6 +151,11 @@ CHART_POLICIES = {
     },
     "enforce-with-warned-namespaces": {
         "namespaces": {"b-team": {"enforcement": "warn"}, "a-team": {"enforcement": "warn"}},
+    },
+    "dra": {"scheduler": "dra"},
+    "dra-driver-sets-limits": {
+        "scheduler": "dra",
+        "dra": {"deviceClassName": "hami-core-gpu.project-hami.io", "driverSetsLimits": True},
     },
 }
 
@@ -246,3 +269,47 @@ def test_policy_guard_with_bad_input_says_one_line(args: list[str], message: str
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert message in done.stderr
+
+
+TEMPLATE_NAMES = {
+    # a template's name: whether it is one of the webhook's (claims.template_shape reads it)
+    "gpushare-4096mi.gpu.nvidia.com": True,
+    "gpushare-8192mi-x2.gpu.nvidia.com": True,
+    "gpushare-4096mi-c25.hami-core-gpu.project-hami.io": True,
+    "gpushare-2048mi-x4-c0.gpu.nvidia.com": True,
+    "gpushare-4096mi-x2-c30.gpu-x3.example.com": True,  # a class may read like a shape
+    "gpushare-4096mi": False,  # no DeviceClass
+    "gpushare-4096.gpu.nvidia.com": False,  # no unit
+    "gpushare-4gi.gpu.nvidia.com": False,
+    "gpushare-4096mi-c25-x2.gpu.nvidia.com": False,  # the webhook writes GPUs first
+    "team-4096mi.gpu.nvidia.com": False,
+    "my-gpushare-4096mi.gpu.nvidia.com": False,
+}
+
+
+@pytest.mark.parametrize("name", TEMPLATE_NAMES, ids=list(TEMPLATE_NAMES))
+def test_the_guard_takes_a_template_for_the_webhooks_as_claims_reads_it(name: str) -> None:
+    """The guard's pattern (RE2, a subset Python's re reads alike here) and its parse of
+    the name's head agree with claims.template_shape on every name of the table."""
+    shape = template_shape(name)
+    assert (shape is not None) == TEMPLATE_NAMES[name]
+    assert (re.search(TEMPLATE_PATTERN, name) is not None) == TEMPLATE_NAMES[name]
+    if shape is not None:
+        head, _, device_class = name.partition(".")
+        mib, gpus, compute, shaped_class = shape
+        # What the CEL of guardclaims reads from the head, step for step.
+        assert int(head.split("-")[1].split("mi")[0]) == mib
+        assert (int(head.split("-x")[1].split("-")[0]) if "-x" in head else 1) == gpus
+        assert (int(head.split("-c")[1]) if "-c" in head else None) == compute
+        assert device_class == shaped_class
+
+
+def test_under_dra_the_guard_reads_the_pods_that_name_a_webhook_claim() -> None:
+    (policy, *_) = guard(parse_policy_text("scheduler: dra\n"))
+    match = policy["spec"]["matchConditions"][0]["expression"]
+    assert match.endswith(" || " + CLAIMED_MATCH)
+    assert "r.name.startsWith('gpushare-')" in CLAIMED_MATCH
+    names = [v["name"] for v in policy["spec"]["variables"]]
+    # A variable reads only those before it.
+    assert names.index("draOk") < names.index("ok")
+    assert names.index("draProblems") < names.index("problems")

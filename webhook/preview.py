@@ -5,7 +5,9 @@ built-in workload, including API versions clusters no longer serve, or the
 pod templates of the training-job kinds in ``WORKLOADS``) and applying the
 decision to each, so ``gpushare-webhook mutate`` shows in CI
 exactly what admission will do — one code path with the webhook, like
-``istioctl kube-inject``.
+``istioctl kube-inject``. Under ``scheduler: dra`` it also names each claim
+a mutated pod references and the ResourceClaimTemplate it is made from,
+the body the cluster side will create (``webhook.decision.claims``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import jsonpatch
 
-from webhook.decision import Decision, Prepared, decide
+from webhook.decision import Decision, Policy, Prepared, claim_template, decide
 
 Path = tuple[str, ...]  # keys from the document to a pod template; "*" is every item
 _TEMPLATE: Path = ("spec", "template")
@@ -105,6 +107,8 @@ class Preview:
     decisions: list[tuple[str, Decision]] = field(default_factory=list)  # (where, decision)
     patch: list[dict[str, Any]] = field(default_factory=list)  # JSON Patch ops, as JSON data
     notes: list[str] = field(default_factory=list)
+    # Under scheduler: dra, each (where, claim, ResourceClaimTemplate) of the mutated pods.
+    claims: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
 
     @property
     def decision(self) -> Decision | None:
@@ -236,3 +240,43 @@ def _plan_templates(
     if ops and not result.rejected:
         result.patch = ops
         result.document = jsonpatch.apply_patch(copy.deepcopy(result.document), ops)
+        if prepared.policy.placed_by.claims:
+            for at, _ in templates:
+                result.claims += _claims(".".join(at), _at(result.document, at), prepared.policy)
+        for _, _, body in result.claims:
+            if namespace:
+                body["metadata"]["namespace"] = namespace
+
+
+def _at(document: Any, path: Path) -> Any:
+    for key in path:
+        document = document[int(key)] if isinstance(document, list) else document[key]
+    return document
+
+
+def _claims(where: str, pod: Any, policy: Policy) -> list[tuple[str, str, dict[str, Any]]]:
+    """Each claim of ``pod`` made from one of the webhook's templates, with that template."""
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    entries = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
+    found = []
+    for entry in entries if isinstance(entries, list) else ():
+        if not isinstance(entry, Mapping):
+            continue
+        body = claim_template(str(entry.get("resourceClaimTemplateName") or ""), policy)
+        if body is not None:
+            found.append((where, str(entry.get("name")), body))
+    return found
+
+
+def claim_templates(results: list[Preview]) -> list[dict[str, Any]]:
+    """The ResourceClaimTemplates the previewed pods reference, each once, in order named.
+
+    The cluster makes one per namespace and name; a template named by two
+    pods of one namespace is one object.
+    """
+    made: dict[tuple[str, str], dict[str, Any]] = {}
+    for result in results:
+        for _, _, body in result.claims:
+            meta = body["metadata"]
+            made.setdefault((meta.get("namespace", ""), meta["name"]), body)
+    return list(made.values())

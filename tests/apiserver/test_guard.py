@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -421,3 +421,110 @@ def test_every_rule_case_the_webhook_sets_up_passes_that_policys_guard(
                 assert message is None or GUARDED not in message, (case_id, message)
                 passed += message is None
     assert passed >= 60, passed  # most pass the API server's own validation too
+
+
+def _env(container: dict[str, Any], name: str, value: str) -> None:
+    (entry,) = [e for e in container["env"] if e["name"] == name]
+    entry["value"] = value
+
+
+def _reclassed(pod: dict[str, Any]) -> None:
+    claim = pod["spec"]["resourceClaims"][0]
+    claim["resourceClaimTemplateName"] = "gpushare-4096mi.gpu.example.com"
+
+
+def _stripped_env(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0].pop("env")
+
+
+DRA_REFUSED: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    # id: (how the set-up pod is changed, what the refusal names)
+    "limit-off-its-template": (
+        lambda pod: _env(pod["spec"]["containers"][0], "CUDA_DEVICE_MEMORY_LIMIT", "8192m"),
+        "container 'main' (claim template gpushare-4096mi.gpu.nvidia.com) lacks "
+        "CUDA_DEVICE_MEMORY_LIMIT=4096m",
+    ),
+    "a-claim-of-another-class": (
+        _reclassed,
+        "claim 'gpushare-main' is made from gpushare-4096mi.gpu.example.com, of the "
+        "DeviceClass gpu.example.com, not gpu.nvidia.com",
+    ),
+    "still-asking-gpu-mem": (
+        lambda pod: pod["spec"]["containers"][0]["resources"].__setitem__(
+            "limits", {"aliyun.com/gpu-mem": "4"}
+        ),
+        "container 'main' asks aliyun.com/gpu-mem, which the webhook turns into a ResourceClaim",
+    ),
+    "the-shim-stripped": (
+        _stripped_env,
+        "lacks the shim first in LD_PRELOAD, CUDA_DEVICE_MEMORY_LIMIT=4096m",
+    ),
+}
+
+
+def _dra_set_up(tmp_path: Path, policy: str, resources: dict[str, str]) -> dict[str, Any]:
+    """A pod asking ``resources``, as the webhook sets it up under ``policy`` (offline)."""
+    (tmp_path / "policy.yaml").write_text(policy)
+    body = pod_manifest(
+        "dra", {"name": "main", "image": "cuda", "resources": {"limits": resources}}
+    )
+    (tmp_path / "pod.json").write_text(json.dumps(body))
+    mutated = webhook_cli(
+        "mutate",
+        str(tmp_path / "pod.json"),
+        "--policy",
+        str(tmp_path / "policy.yaml"),
+        "-o",
+        "json",
+    )
+    assert mutated.returncode == 0, mutated.stderr
+    pod: dict[str, Any] = json.loads(mutated.stdout)
+    return pod
+
+
+def test_under_dra_the_guard_holds_each_container_to_its_claims_template(
+    guarded: Installed, tmp_path: Path
+) -> None:
+    """Under scheduler: dra the pod the webhook sets up passes; the same pod with its limit
+    off its template's size, a claim of another DeviceClass, a container still asking
+    GPU memory, or the shim's env gone is refused, naming what is wrong."""
+    pod = _dra_set_up(tmp_path, "scheduler: dra\n", {"aliyun.com/gpu-mem": "4"})
+    assert pod["spec"]["resourceClaims"] == [
+        {"name": "gpushare-main", "resourceClaimTemplateName": "gpushare-4096mi.gpu.nvidia.com"}
+    ]
+    with judging(guarded, tmp_path / "policy.yaml", f"{GUARD}-dra"):
+        assert _dry_run(guarded.api, OPTED_OUT, pod) is None
+        for case, (change, named) in DRA_REFUSED.items():
+            changed = json.loads(json.dumps(pod))
+            change(changed)
+            message = _dry_run(guarded.api, OPTED_OUT, changed) or ""
+            assert GUARDED in message, (case, message)
+            assert named in message, (case, message)
+        # A pod that names no claim of the webhook's and asks no GPU is not read at all.
+        plain = pod_manifest("plain", {"name": "main", "image": "busybox"})
+        plain["metadata"]["labels"] = {"gpushare-webhook.io/dra": "true"}
+        assert _dry_run(guarded.api, OPTED_OUT, plain) is None
+
+
+def test_under_dra_with_the_driver_setting_limits_only_the_claims_are_held(
+    guarded: Installed, tmp_path: Path
+) -> None:
+    policy = (
+        "scheduler: dra\ndra: {deviceClassName: hami-core-gpu.project-hami.io, "
+        "driver: hami-core-gpu.project-hami.io, computeCapacity: cores, driverSetsLimits: true}\n"
+    )
+    pod = _dra_set_up(
+        tmp_path, policy, {"aliyun.com/gpu-mem": "2", "aliyun.com/gpu-core.percentage": "25"}
+    )
+    (claim,) = pod["spec"]["resourceClaims"]
+    assert claim["resourceClaimTemplateName"] == "gpushare-2048mi-c25.hami-core-gpu.project-hami.io"
+    assert "env" not in pod["spec"]["containers"][0]
+    # The guard of another scheduler's policy (the installed one) reads the pod for its
+    # claim, and holds nothing: it asks no GPU memory.
+    message = _dry_run(guarded.api, TEAM, pod)
+    assert message is None or GUARDED not in message, message
+    with judging(guarded, tmp_path / "policy.yaml", f"{GUARD}-dra-driver"):
+        assert _dry_run(guarded.api, OPTED_OUT, pod) is None
+        _reclassed(pod)
+        message = _dry_run(guarded.api, OPTED_OUT, pod) or ""
+        assert "not hami-core-gpu.project-hami.io" in message, message

@@ -262,9 +262,10 @@ def _mutate_command(sub: Commands) -> None:
     mutate.add_argument(
         "--output",
         "-o",
-        choices=("yaml", "json", "patch"),
+        choices=("yaml", "json", "patch", "templates"),
         default="yaml",
-        help="patch: each document's JSON Patch, [] when unchanged, null when refused",
+        help="patch: each document's JSON Patch, [] when unchanged, null when refused; "
+        "templates: the ResourceClaimTemplates its pods' claims are made from (scheduler: dra)",
     )
     mutate.add_argument(
         "--namespace",

@@ -86,7 +86,7 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
 
 def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
     from webhook.decision import Prepared
-    from webhook.preview import preview
+    from webhook.preview import claim_templates, preview
 
     prepared = Prepared(_policy(args.policy))
     documents = read_documents(args.file, stdin, stderr)
@@ -108,6 +108,13 @@ def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: 
                 print(f"{verdict}: {label}: {problem.message}", file=stderr)
             for note in decision.notes:  # its problems are said just above
                 print(f"warning: {label}: {note}", file=stderr)
+        for where, claim, body in result.claims:
+            label = f"{result.label} {where}" if several else result.label
+            print(
+                f"claim: {label}: {claim} from ResourceClaimTemplate {body['metadata']['name']}, "
+                "made in the pod's namespace when the pod is created (-o templates shows it)",
+                file=stderr,
+            )
         if not result.rejected:
             kept.append(result)
     if args.output == "patch":
@@ -116,6 +123,8 @@ def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: 
         patches = [None if r.rejected else r.patch for r in results]
         json.dump(patches[0] if len(patches) == 1 else patches, stdout, indent=2)
         stdout.write("\n")
+    elif args.output == "templates":
+        yaml.safe_dump_all(claim_templates(results), stdout, sort_keys=False)
     elif args.output == "json":
         objects = [r.document for r in kept]
         out: Any = (

@@ -6,6 +6,8 @@ sets (the scheduler name, the shim's volumes and mounts, the shim first
 in ``LD_PRELOAD``, the memory limit pinned to the container's own ask,
 the accounting region, the status annotation) reached validation without
 the webhook, and is refused (or warned about, where the webhook warns).
+Under ``scheduler: dra`` a pod is held to the claims the webhook gave it
+instead (``webhook.decision.guardclaims``).
 
 The expressions are one fixed text; the webhook's policy reaches them
 only as the ``params`` variables (literals), so the chart can make the
@@ -15,11 +17,15 @@ Data only: the caller encodes it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
-from webhook.decision import contract
+from webhook.decision import contract, guardclaims
+from webhook.decision.cel import all_of as _all
+from webhook.decision.cel import ask as _ask
+from webhook.decision.cel import asks as _asks
+from webhook.decision.cel import literal as _literal
+from webhook.decision.cel import missing as _missing
 from webhook.decision.contract import ACCOUNTING_VOLUME
 from webhook.decision.fields import STATUS_ANNOTATION
 from webhook.decision.layout import NO_OVERRIDE_VOLUME, PRELOAD, VOLUME_NAME
@@ -28,11 +34,6 @@ from webhook.decision.policy import LD_SO_PRELOAD, Policy
 MESSAGE_PREFIX = "gpushare-webhook guard: "  # how every refusal begins, for whoever reads them
 # Namespaces whose labels opt them out of the webhook (its configuration's selector).
 OPT_OUT = {"key": "gpushare-webhook.io/injection", "operator": "NotIn", "values": ["disabled"]}
-
-
-def _literal(value: str | bool | int) -> str:
-    """A CEL literal: JSON's strings, booleans and integers are CEL's too."""
-    return json.dumps(value)
 
 
 def params(policy: Policy) -> list[tuple[str, str | bool | int]]:
@@ -55,27 +56,15 @@ def params(policy: Policy) -> list[tuple[str, str | bool | int]]:
         ("countFromLabel", spans and policy.multi_gpu.count_from == "label"),
         ("countFromResource", spans and policy.multi_gpu.count_from == "resource"),
         ("perDevice", policy.multi_gpu.memory == "perDevice"),
+        ("dra", policy.placed_by.claims),
+        ("deviceClass", policy.dra.device_class),
+        ("driverSetsLimits", policy.dra.driver_sets_limits),
     ]
 
 
 # What follows, to the end of LOGIC, is text made once, at import, and pinned by
 # tests/test_guard.py and tests/apiserver (docs/mutation.md).
 # pragma: no mutate start
-# A container's ask of a resource, from its limits (or its requests, as the webhook reads it).
-def _asks(resource: str, c: str = "c") -> str:
-    return (
-        f"has({c}.resources) && ((has({c}.resources.limits) && {resource} in {c}.resources.limits)"
-        f" || (has({c}.resources.requests) && {resource} in {c}.resources.requests))"
-    )
-
-
-def _ask(resource: str, c: str = "c") -> str:
-    return (
-        f"quantity(has({c}.resources.limits) && {resource} in {c}.resources.limits ? "
-        f"{c}.resources.limits[{resource}] : {c}.resources.requests[{resource}]).asInteger()"
-    )
-
-
 def _pinned(name: str, holds: str) -> str:
     """The variable is set, and every entry of it ``holds`` (a condition on ``e.value``).
 
@@ -95,8 +84,9 @@ def _mounted(volume: str, path: str) -> str:
     )
 
 
-# Each GPU container (w.c) with the GPUs it gets and its memory per GPU as pinned
-# ("4096m"), counted as the webhook counts them (webhook.decision.asks). The API
+# Each GPU container (w.c) with the GPUs it gets, its memory per GPU as pinned
+# ("4096m"), counted as the webhook counts them (webhook.decision.asks), and whether
+# the shim limits its compute (w.sm). The API
 # server types map literals strictly: dyn() lets one map hold a pod's container
 # beside numbers and text.
 _WANT = (
@@ -105,7 +95,8 @@ _WANT = (
     f"{_ask('variables.countResource')} : variables.podGpus)}})"
     ".map(w, {'c': w.c, 'gpus': w.gpus, 'mib': dyn(string("
     + _ask("variables.resource", "w.c")
-    + " * variables.mibPerUnit / (variables.perDevice ? 1 : w.gpus)) + 'm')})"
+    + " * variables.mibPerUnit / (variables.perDevice ? 1 : w.gpus)) + 'm'), 'sm': dyn("
+    + f"variables.computeAlways || {_asks('variables.computeResource', 'w.c')})}})"
 )
 # A constant pattern, which the API server compiles once with the policy; one
 # made from the variable's name would be compiled again for every entry of every pod.
@@ -148,8 +139,7 @@ _PIECES = [
         "'=' + w.mib",
     ),
     (
-        f"!(variables.computeAlways || {_asks('variables.computeResource', 'w.c')}) || "
-        "(has(w.c.env) && w.c.env.exists(e, e.name == variables.smLimit))",
+        "!w.sm || (has(w.c.env) && w.c.env.exists(e, e.name == variables.smLimit))",
         "variables.smLimit",
     ),
     (
@@ -182,17 +172,11 @@ _POD_PIECES = [
 ]
 
 
-def _all(pieces: list[tuple[str, str]]) -> str:
-    return " && ".join(f"({holds})" for holds, _ in pieces)
-
-
-def _missing(pieces: list[tuple[str, str]]) -> str:
-    return "[" + ", ".join(f"{holds} ? '' : {what}" for holds, what in pieces) + "]"
-
-
 # The API server evaluates a variable only when an expression reads it. A pod
 # the webhook set up is judged by ``ok`` alone, conditions joined by &&; the lists
-# of what is missing, and their words, are made only for a pod that fails.
+# of what is missing, and their words, are made only for a pod that fails. Under
+# scheduler: dra a pod is held by its claims instead (webhook.decision.guardclaims);
+# under another scheduler a pod read for its claims alone asks nothing to hold.
 LOGIC: list[tuple[str, str]] = [
     (
         "gpu",
@@ -206,7 +190,12 @@ LOGIC: list[tuple[str, str]] = [
         "int(object.metadata.labels[variables.countResource]) : 1",
     ),
     ("want", _WANT),
-    ("ok", f"{_all(_POD_PIECES)} && variables.want.all(w, {_all(_PIECES)})"),
+    *guardclaims.logic(_PIECES, _POD_PIECES),
+    (
+        "ok",
+        "variables.dra ? variables.draOk : size(variables.gpu) == 0 || "
+        f"({_all(_POD_PIECES)} && variables.want.all(w, {_all(_PIECES)}))",
+    ),
     (
         "lacks",
         f"variables.want.map(w, [w.c.name] + {_missing(_PIECES)}.filter(s, s != ''))"
@@ -216,6 +205,7 @@ LOGIC: list[tuple[str, str]] = [
     ("podLacks", f"{_missing(_POD_PIECES)}.filter(s, s != '')"),
     (
         "problems",
+        "variables.dra ? variables.draProblems : "
         "(size(variables.podLacks) > 0 ? ['the pod lacks ' + variables.podLacks.join(', ')] "
         ": []) + variables.lacks",
     ),
@@ -225,11 +215,12 @@ LOGIC: list[tuple[str, str]] = [
 # pragma: no mutate end
 
 
-# The pods the guard reads at all: a container asks the policy's resource.
+# The pods the guard reads at all: a container asks the policy's resource, or the pod
+# names a claim of the webhook's (scheduler: dra).
 RESOURCE = "RESOURCE"  # stands for the resource's CEL literal in MATCH
 MATCH = (
     f"object.spec.containers.exists(c, {_asks(RESOURCE)}) || (has(object.spec.initContainers) "
-    f"&& object.spec.initContainers.exists(c, {_asks(RESOURCE)}))"
+    f"&& object.spec.initContainers.exists(c, {_asks(RESOURCE)})) || {guardclaims.CLAIMED_MATCH}"
 )
 
 
