@@ -22,6 +22,7 @@ from webhook.decision.claims import (
     claim_name,
     claim_ops,
     claimed_asks,
+    held_bytes,
     is_claimed,
     on_grid,
     template,
@@ -248,6 +249,11 @@ def test_a_container_without_resources_gets_its_claim_and_a_pods_claims_are_kept
     bare = {"spec": {"containers": [{"name": "main"}]}, "metadata": {}}
     done = apply(bare, [op.as_json() for op in claim_ops(bare["spec"], {}, [ask()], DRA)])
     assert done["metadata"] == {"labels": {DRA_LABEL: "true"}}
+    # No metadata at all (only a hand-made review has none): it is made whole.
+    none = {"spec": {"containers": [{"name": "main"}], "resourceClaims": {"not": "a list"}}}
+    done = apply(none, [op.as_json() for op in claim_ops(none["spec"], {}, [ask()], DRA)])
+    assert done["metadata"] == {"labels": {DRA_LABEL: "true"}}
+    assert done["spec"]["resourceClaims"] == [mine]
     wrong = {"spec": {"containers": [{"name": "main"}]}, "metadata": {"labels": {DRA_LABEL: "no"}}}
     done = apply(
         wrong, [op.as_json() for op in claim_ops(wrong["spec"], wrong["metadata"], [ask()], DRA)]
@@ -314,6 +320,35 @@ def test_a_stored_pod_is_read_back_from_its_claims_not_its_annotations() -> None
     assert stored_gpu_pod({"spec": pod["spec"]}, DRA).asks == ()
 
 
+def test_a_claimed_containers_ask_is_its_templates_whatever_else_the_pod_holds() -> None:
+    def claim(name: str, template: str) -> dict[str, str]:
+        return {"name": name, "resourceClaimTemplateName": template}
+
+    spec = {
+        "containers": [
+            "not a container",
+            {"resources": {"claims": ["not a reference", {"name": "gpushare-c1"}]}},
+            {"name": "none", "resources": {"claims": [{"name": "gpushare-none"}]}},
+            {"name": "one", "resources": {"claims": [{"name": "gpushare-one"}]}},
+            {"name": "odd", "resources": {"claims": [{"name": "gpushare-odd"}]}},
+        ],
+        "resourceClaims": [
+            claim("gpushare-c1", "gpushare-4096mi.gpu.nvidia.com"),
+            claim("gpushare-none", "gpushare-1024mi-c0.gpu.nvidia.com"),
+            claim("gpushare-one", "gpushare-1024mi-c1.gpu.nvidia.com"),
+            # Made under a policy in MiB, read under one in GiB: all it holds counts.
+            claim("gpushare-odd", "gpushare-1500mi.gpu.nvidia.com"),
+            {"name": "gpushare-x"},
+        ],
+    }
+    assert claimed_asks(spec, DRA) == [
+        ContainerAsk("containers", 1, "", 4, 1, None, False),
+        ContainerAsk("containers", 2, "none", 1, 1, None, False),
+        ContainerAsk("containers", 3, "one", 1, 1, 1, True),
+        ContainerAsk("containers", 4, "odd", 2, 1, None, False),
+    ]
+
+
 @pytest.mark.parametrize(
     ("request_bytes", "minimum", "step", "held"),
     [
@@ -334,6 +369,27 @@ def test_a_request_is_held_exactly_only_on_its_devices_grid(
     assert on_grid(request_bytes, minimum, step) is held
 
 
+@pytest.mark.parametrize(
+    ("request_bytes", "minimum", "step", "held"),
+    [
+        (512 * MIB, GIB, MIB, GIB),
+        (512 * MIB, GIB, GIB, GIB),
+        (512 * MIB, GIB, 0, GIB),
+        (GIB, GIB, GIB, GIB),
+        (GIB, GIB, 0, GIB),
+        (1500 * MIB, GIB, GIB, 2 * GIB),
+        (1500 * MIB, GIB, 0, 1500 * MIB),
+        (4 * GIB, 0, 0, 4 * GIB),
+        (3 * MIB, MIB, 2 * MIB, 3 * MIB),
+        (4 * MIB, MIB, 2 * MIB, 5 * MIB),
+    ],
+)
+def test_a_request_is_held_rounded_up_onto_its_devices_grid(
+    request_bytes: int, minimum: int, step: int, held: int
+) -> None:
+    assert held_bytes(request_bytes, minimum, step) == held
+
+
 def test_an_ask_off_every_grid_is_named_with_what_its_claim_would_hold() -> None:
     policy = parse_policy({"scheduler": "dra", "memoryUnit": "MiB"})
     found: Problems = []
@@ -349,6 +405,9 @@ def test_an_ask_off_every_grid_is_named_with_what_its_claim_would_hold() -> None
         (Reason.OFF_GRID, found[1].message),
     ]
     assert "would hold 1024 MiB" in found[1].message
+    under: Problems = []
+    check_grid([ask("c", 512)], [(GIB, MIB)], policy, under)
+    assert "would hold 1024 MiB" in under[0].message
     again: Problems = []
     check_grid(asks, [(GIB, GIB), (MIB, MIB)], policy, again)  # one device holds each exactly
     check_grid(asks, [], policy, again)  # nothing published: nothing to say

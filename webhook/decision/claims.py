@@ -141,9 +141,9 @@ def claim_ops(
     ]
     ops = _pod_claim_ops(spec, wanted)
     names = translated(policy)
-    for ask, entry in zip(asks, wanted, strict=True):
+    for ask in asks:
         container = spec[ask.kind][ask.position]
-        ops += _container_ops(container, f"/spec/{ask.kind}/{ask.position}", entry["name"], names)
+        ops += _container_ops(container, f"/spec/{ask.kind}/{ask.position}", claim_name(ask), names)
     labels = metadata.get("labels")
     if not isinstance(labels, Mapping):
         base = {DRA_LABEL: "true"}
@@ -207,12 +207,14 @@ def claimed_asks(spec: Mapping[str, Any], policy: Policy) -> list[ContainerAsk]:
 
     The pod's spec is what the claims were made from and cannot change
     after creation, unlike its annotations; a container whose claim is
-    not one of the webhook's templates asks nothing here.
+    not one of the webhook's templates asks nothing here. A template's
+    MiB that is not a whole number of the policy's unit (made under
+    another ``memoryUnit``) counts up: the claim holds all of it.
     """
     templates = {}
     for entry in spec.get("resourceClaims") or ():
         if isinstance(entry, Mapping) and isinstance(name := entry.get("name"), str):
-            shape = template_shape(str(entry.get("resourceClaimTemplateName") or ""))
+            shape = template_shape(str(entry.get("resourceClaimTemplateName")))
             if shape is not None and name.startswith(PREFIX):
                 templates[name] = shape
     found = []
@@ -231,7 +233,7 @@ def claimed_asks(spec: Mapping[str, Any], policy: Policy) -> list[ContainerAsk]:
                         kind,
                         position,
                         str(container.get("name") or ""),
-                        mib // policy.mib_per_unit,
+                        -(-mib // policy.mib_per_unit),
                         gpus,
                         compute or None,
                         compute is not None and compute > 0,
@@ -241,15 +243,21 @@ def claimed_asks(spec: Mapping[str, Any], policy: Policy) -> list[ContainerAsk]:
     return found
 
 
-def on_grid(request_bytes: int, minimum: int, step: int) -> bool:
-    """Whether a device whose request policy is (``minimum``, ``step``) holds exactly the request.
+def held_bytes(request_bytes: int, minimum: int, step: int) -> int:
+    """What a device whose request policy is (``minimum``, ``step``) holds for a request.
 
-    KEP-5075: a request inside the valid range is rounded up to
-    ``minimum + n * step``; a step of 0 is no step (held as asked).
+    KEP-5075: a request under the valid range's minimum holds the minimum,
+    one inside it is rounded up to ``minimum + n * step``; a step of 0 is
+    no step (held as asked).
     """
-    if request_bytes < minimum:
-        return False
-    return step <= 0 or (request_bytes - minimum) % step == 0
+    if not step:
+        return max(request_bytes, minimum)
+    return minimum + max(0, -(-(request_bytes - minimum) // step)) * step
+
+
+def on_grid(request_bytes: int, minimum: int, step: int) -> bool:
+    """Whether a device with request policy (``minimum``, ``step``) holds exactly the request."""
+    return held_bytes(request_bytes, minimum, step) == request_bytes
 
 
 def check_grid(
@@ -272,7 +280,7 @@ def check_grid(
         if any(on_grid(asked, minimum, step) for minimum, step in grids):
             continue
         minimum, step = grids[0]
-        held = _rounded(asked, minimum, step)
+        held = held_bytes(asked, minimum, step)
         found.append(
             Problem(
                 Reason.OFF_GRID,
@@ -282,12 +290,6 @@ def check_grid(
                 "more than its limit; ask an amount on that grid",
             )
         )
-
-
-def _rounded(request: int, minimum: int, step: int) -> int:
-    if request <= minimum or step <= 0:
-        return max(request, minimum)
-    return minimum + -(-(request - minimum) // step) * step
 
 
 def _grid(minimum: int, step: int) -> str:
