@@ -72,7 +72,7 @@ NOT_CALLED = (
     "admitted without the webhook: it was not installed yet, not called for this pod (a "
     "namespace opted out, match conditions), or not answering under failurePolicy: Ignore"
 )
-OTHER_POLICY = "set up under another policy than the one in force (it changed since)"
+OTHER_POLICY = "set up under another policy (or by an earlier release) than the one in force"
 # What a pod the webhook set up breaks only when the policy moved the shim since.
 OURS_MOVED = frozenset({Reason.RESERVED_VOLUME, Reason.SHIM_MOUNT})
 
