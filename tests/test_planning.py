@@ -81,24 +81,22 @@ SHIM = {"name": "LD_PRELOAD", "value": "/usr/local/vgpu/libvgpu.so"}
 ENV = "/spec/containers/0/env"
 
 
-def appended(*entries: dict[str, str]) -> list[dict[str, Any]]:
-    return [{"op": "add", "path": f"{ENV}/-", "value": entry} for entry in entries]
+def whole(op: str, *entries: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"op": op, "path": ENV, "value": list(entries)}]
 
 
 ENV_OPS = [
-    (None, [{"op": "add", "path": ENV, "value": [*PINNED, SHIM]}]),
-    ([], appended(*PINNED, SHIM)),
+    (None, whole("add", *PINNED, SHIM)),
+    ([], whole("replace", *PINNED, SHIM)),
     ([{"name": "A", "value": "1"}, SHIM, *PINNED], []),
     (
         [{"name": "A", "value": "1"}, {"name": "LD_PRELOAD", "value": "/a.so"}],
-        [
-            {
-                "op": "replace",
-                "path": f"{ENV}/1",
-                "value": {**SHIM, "value": SHIM["value"] + ":/a.so"},
-            },
-            *appended(*PINNED),
-        ],
+        whole(
+            "replace",
+            {"name": "A", "value": "1"},
+            {**SHIM, "value": SHIM["value"] + ":/a.so"},
+            *PINNED,
+        ),
     ),
     (
         [
@@ -109,13 +107,7 @@ ENV_OPS = [
             {"name": "B", "value": "2"},
             {"name": "CUDA_DEVICE_SM_LIMIT_1", "value": "9"},
         ],
-        [
-            {"op": "replace", "path": f"{ENV}/0", "value": LIMIT_0},
-            {"op": "replace", "path": f"{ENV}/1", "value": LIMIT},
-            {"op": "remove", "path": f"{ENV}/5"},
-            {"op": "remove", "path": f"{ENV}/3"},
-            *appended(REGION, REDIRECT),
-        ],
+        whole("replace", LIMIT_0, LIMIT, SHIM, {"name": "B", "value": "2"}, REGION, REDIRECT),
     ),
 ]
 
@@ -125,10 +117,10 @@ ENV_OPS = [
     ENV_OPS,
     ids=["no-env", "empty-env", "already-set", "user-preload", "duplicates-and-overrides"],
 )
-def test_env_ops_touch_only_the_entries_they_change(env: Any, ops: list[Any]) -> None:
-    # Replacements first, removals from the highest index down, appends last:
-    # no op moves the entry another op points at, and the user's own
-    # entries never travel in the patch.
+def test_env_is_set_whole_in_one_op_where_it_changes(env: Any, ops: list[Any]) -> None:
+    # The env as it must be, in one op: the user's entries keep their places
+    # and values, the first of each pinned name is set where it is, later
+    # duplicates and overriding per-device variants go, the rest is appended.
     obj = pod(
         container(gpu="1", volumeMounts=[])
         if env is None

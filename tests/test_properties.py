@@ -159,8 +159,8 @@ def test_a_lone_surrogate_goes_back_escaped() -> None:
     result = admit(body, Prepared(DEFAULT_POLICY))
     assert result.outcome == "mutated", result.body
     ops = decode_patch(json.loads(result.encode())["response"])
-    (preload,) = [op for op in ops if op["path"] == "/spec/containers/0/env/0"]
-    assert preload["value"]["value"] == f"{DEFAULT_POLICY.shim.preload}:/a\ud800.so"
+    (env,) = [op["value"] for op in ops if op["path"] == "/spec/containers/0/env"]
+    assert env[0]["value"] == f"{DEFAULT_POLICY.shim.preload}:/a\ud800.so"
 
 
 LONE = "\ud800"  # a lone surrogate: valid in JSON text, with no UTF-8 form

@@ -9,10 +9,13 @@ fields over the usual CREATE of a Pod. ``answer`` is what the webhook says,
 through ``admit`` as the API server calls it: outcome, reason, HTTP code
 and message of a refusal, warnings, audit annotations, and the patch,
 decoded, less what every GPU pod of the policy gets alike: the scheduler's
-name and the layout's volumes and mounts, each added as the layout has
-them, are named by path only (``setUp``), so a change of layout rewrites
-the goldens, not every case. ``GOLDEN_UPDATE=1 pytest tests/test_rules.py``
-rewrites the answers; read the diff before committing it.
+name, the layout's volumes and mounts, the pinned variables and the
+status annotation, each as the layout has them, are named by path only
+(``setUp``); a whole list the patch sets (an env, mounts, the volumes)
+shows only its other entries (the user's, and those the webhook changed).
+So a change of layout rewrites the goldens' stored pods, not every case.
+``GOLDEN_UPDATE=1 pytest tests/test_rules.py`` rewrites the answers; read
+the diff before committing it.
 
 Where the goldens in tests/golden show whole AdmissionReviews for the
 common cases, these tables reach each rule in every position it can be met
@@ -122,6 +125,7 @@ def _pod(case: dict[str, Any]) -> Any:
 
 
 _MOUNTS = re.compile(r"/spec/(initContainers|containers)/\d+/volumeMounts")
+_LISTS = re.compile(r"/spec/(?:volumes|(?:initContainers|containers)/\d+/(?:env|volumeMounts))")
 _STATUS = f"/metadata/annotations/{escape(STATUS_ANNOTATION)}"
 
 
@@ -167,6 +171,32 @@ def _set_up(op: dict[str, Any], standard: list[tuple[str, Any]], prepared: Prepa
         or (_MOUNTS.fullmatch(path) is not None and value == mounts)
         or (path.endswith("/-") and _MOUNTS.fullmatch(path[:-2]) is not None and value in mounts)
     )
+
+
+def _less_set_up(
+    op: dict[str, Any], standard: list[tuple[str, Any]], prepared: Prepared
+) -> tuple[bool, dict[str, Any] | None]:
+    """A whole list the op sets (an env, mounts, the volumes) less what every GPU pod gets.
+
+    (whether it held any of those entries, the op with the rest or None when
+    nothing else is left): the user's entries, and any the webhook changed,
+    stay in the case; the set-up's own are named by path in ``setUp``.
+    """
+    path, value = op["path"], op.get("value")
+    if op["op"] == "remove" or not isinstance(value, list) or not _LISTS.fullmatch(path):
+        return False, op
+    ours = [entry for at, entry in standard if at == f"{path}/-"]
+    if _MOUNTS.fullmatch(path):
+        ours += prepared.layout.all_mounts
+    left = []
+    for entry in value:
+        if entry in ours:
+            ours.remove(entry)  # once each: a second copy of one stays in the case
+        else:
+            left.append(entry)
+    if len(left) == len(value):
+        return False, op
+    return True, {**op, "value": left} if left else None
 
 
 def _limits(ask: ContainerAsk, mib_per_unit: int) -> str:
@@ -215,10 +245,19 @@ def answer_of(case: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]
             ask.label: _limits(ask, prepared.layout.mib_per_unit) for ask in decision.asks
         }
     standard = _standard(prepared, decision)
-    set_up = [op for op in ops if _set_up(op, standard, prepared)]
+    set_up: list[str] = []
+    rest = []
+    for op in ops:
+        if _set_up(op, standard, prepared):
+            set_up.append(op["path"])
+            continue
+        elided, left = _less_set_up(op, standard, prepared)
+        if elided:
+            set_up.append(op["path"])
+        if left is not None:
+            rest.append(left)
     if set_up:
-        answer["setUp"] = list(dict.fromkeys(op["path"] for op in set_up))
-    rest = [op for op in ops if op not in set_up]
+        answer["setUp"] = list(dict.fromkeys(set_up))
     if rest:
         answer["patch"] = rest
     return answer, ops

@@ -59,11 +59,8 @@ def volume_ops(spec: Mapping[str, Any], layout: Layout) -> list[Op]:
         return [patch.set_field(spec, "volumes", "/spec", layout.all_volumes)]
     # Checks refused other volumes of our names; a name that is no string is not ours.
     present = {name for volume in volumes if isinstance(name := volume.get("name"), str)}
-    return [
-        patch.add("/spec/volumes/-", volume)
-        for volume in layout.volumes
-        if volume["name"] not in present
-    ]
+    missing = [volume for volume in layout.volumes if volume["name"] not in present]
+    return [patch.replace("/spec/volumes", [*volumes, *missing])] if missing else []
 
 
 def mount_ops(gpu: GpuContainer, layout: Layout) -> list[Op]:
@@ -76,14 +73,13 @@ def mount_ops(gpu: GpuContainer, layout: Layout) -> list[Op]:
         whole = _entries(wanted)
     if mounts is None:
         return [patch.set_field(gpu.container, "volumeMounts", base, whole)]
-    ops: list[Op] = []
-    missing: list[Op] = []
+    changed = list(mounts)
     for path, entry, _ in wanted:
         if path not in ours:
-            missing.append(patch.add(f"{base}/volumeMounts/-", entry))
+            changed.append(entry)
         elif mounts[ours[path]] != entry:
-            ops.append(patch.replace(f"{base}/volumeMounts/{ours[path]}", entry))
-    return ops + missing
+            changed[ours[path]] = entry
+    return [] if changed == mounts else [patch.replace(f"{base}/volumeMounts", changed)]
 
 
 def _entries(mounts: tuple[Mount, ...]) -> list[Any]:
@@ -155,9 +151,9 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
     The limit variables and LD_PRELOAD are set where the container has them
     (its first entry of each) or appended; later duplicates, which the
     kubelet would let win, and per-device variants that would override the
-    limit are removed. Entries are addressed by index: replacements first,
-    then removals from the highest index down, so no op shifts another's
-    target; appends last.
+    limit are removed. The env is one op, the whole list as it must be: the
+    API server pays for each op of a patch more than for its bytes
+    (docs/design.md, "The patch's size").
     """
     ask, env, base, layout = gpu.ask, gpu.env, gpu.base, prepared.layout
     key = (ask.name, ask.memory_per_gpu, ask.gpus, ask.compute)
@@ -170,21 +166,17 @@ def env_ops(gpu: GpuContainer, prepared: Prepared, warnings: list[str]) -> list[
         (_preload_entry, scan.user_preload),
         lambda: _preload_entry(scan.user_preload, layout.preload),
     )
+    entries = list(env)
+    for index, entry in replaced:
+        entries[index] = entry
     if scan.preload_at >= 0:
-        current = env[scan.preload_at]  # anything but our entry is replaced
-        if current != preload_entry:
-            replaced.append((scan.preload_at, preload_entry))
-            replaced.sort(key=_index)  # no two entries share one
-    ops = [patch.replace(f"{base}/env/{index}", entry) for index, entry in replaced]
-    if scan.removed:
-        ops += [patch.remove(f"{base}/env/{index}") for index in reversed(scan.removed)]
-    append = f"{base}/env/-"
-    for pinned_entry in pinned.entries:
-        if pinned_entry["name"] not in scan.seen:
-            ops.append(patch.add(append, pinned_entry))
+        entries[scan.preload_at] = preload_entry  # anything but our entry is replaced
+    for index in reversed(scan.removed):
+        del entries[index]
+    entries += [entry for entry in pinned.entries if entry["name"] not in scan.seen]
     if scan.preload_at < 0:
-        ops.append(patch.add(append, preload_entry))
-    return ops
+        entries.append(preload_entry)
+    return [] if entries == env else [patch.replace(f"{base}/env", entries)]
 
 
 class _EnvScan(NamedTuple):
@@ -252,10 +244,6 @@ def _entry(name: str, value: str) -> dict[str, str]:
 def _preload_entry(user_value: str, shim: str) -> dict[str, str]:
     """The LD_PRELOAD entry: the shim first, then the user's libraries."""
     return _entry(PRELOAD, _preloaded(user_value, shim))
-
-
-def _index(replacement: tuple[int, object]) -> int:
-    return replacement[0]
 
 
 def _preloaded(user_value: str, shim: str) -> str:
