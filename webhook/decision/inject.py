@@ -227,8 +227,7 @@ def _scan_env(
                     f"{label}: {name} was set to {entry.get('value', '(valueFrom)')!r}; "
                     f"the webhook set it to {value!r}, as the GPU shim's limits require"
                 )
-            if len(entry) != 2 or entry.get("value") != value:
-                replaced.append((index, _entry(name, value)))
+            replaced.append((index, _entry(name, value)))  # if equal, the env compares unchanged
         elif name.startswith(prefixes) and layout.shadow.fullmatch(name):
             warnings.append(
                 f"{label}: removed {name}, which would override the limit the webhook sets"
