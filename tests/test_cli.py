@@ -660,9 +660,13 @@ def test_under_dra_mutate_shows_the_claims_and_the_templates_the_cluster_makes(
     _, _, err = run_mutate(source, *args)
     said = [line.split(", made in", 1)[0] for line in err.splitlines() if line.startswith("claim:")]
     assert said == [line.replace(" from ", " from ResourceClaimTemplate ") for line in lines]
-    _, out, _ = run_mutate(source, *args, "-o", "templates")
+    _, out, err = run_mutate(source, *args, "-o", "templates")
     printed = [doc for doc in yaml.safe_load_all(out) if doc]
     assert [(d["metadata"]["namespace"], d["metadata"]["name"]) for d in printed] == made
+    # Nothing to print is said, in one line: the scheduler gives no claims, or no pod asks.
+    notes = [line for line in err.splitlines() if line.startswith("note: no ResourceClaimTemplate")]
+    assert len(notes) == (0 if made else 1)
+    assert ("only scheduler: dra" in err) is ("gpushare-extender" in text)
     policy = parse_policy_text(text)
     for body in printed:
         # The body the cluster side makes from the name, in the pod's namespace.

@@ -124,7 +124,16 @@ def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: 
         json.dump(patches[0] if len(patches) == 1 else patches, stdout, indent=2)
         stdout.write("\n")
     elif args.output == "templates":
-        yaml.safe_dump_all(claim_templates(results), stdout, sort_keys=False)
+        made = claim_templates(results)
+        if not made:
+            print(
+                "note: no ResourceClaimTemplate: the policy's scheduler "
+                f"{prepared.policy.scheduler} gives pods no claims (only scheduler: dra does)"
+                if not prepared.policy.placed_by.claims
+                else "note: no ResourceClaimTemplate: no pod here is admitted with a claim",
+                file=stderr,
+            )
+        yaml.safe_dump_all(made, stdout, sort_keys=False)
     elif args.output == "json":
         objects = [r.document for r in kept]
         out: Any = (
