@@ -666,7 +666,7 @@ def test_under_dra_mutate_shows_the_claims_and_the_templates_the_cluster_makes(
     # Nothing to print is said, in one line: the scheduler gives no claims, or no pod asks.
     notes = [line for line in err.splitlines() if line.startswith("note: no ResourceClaimTemplate")]
     assert len(notes) == (0 if made else 1)
-    assert ("only scheduler: dra" in err) is ("gpushare-extender" in text)
+    assert ("only dra does" in err) is ("gpushare-extender" in text)
     policy = parse_policy_text(text)
     for body in printed:
         # The body the cluster side makes from the name, in the pod's namespace.

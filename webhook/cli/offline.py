@@ -84,6 +84,13 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return f"{where}{error.problem or 'cannot be read'}{context}"
 
 
+def _no_claims(policy: Policy) -> str:
+    """Why ``-o templates`` prints nothing."""
+    if policy.placed_by.claims:
+        return "no pod here is admitted with a claim"
+    return f"the policy's scheduler {policy.scheduler} gives pods no claims (only dra does)"
+
+
 def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
     from webhook.decision import Prepared
     from webhook.preview import claim_templates, preview
@@ -126,13 +133,7 @@ def cmd_mutate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: 
     elif args.output == "templates":
         made = claim_templates(results)
         if not made:
-            print(
-                "note: no ResourceClaimTemplate: the policy's scheduler "
-                f"{prepared.policy.scheduler} gives pods no claims (only scheduler: dra does)"
-                if not prepared.policy.placed_by.claims
-                else "note: no ResourceClaimTemplate: no pod here is admitted with a claim",
-                file=stderr,
-            )
+            print(f"note: no ResourceClaimTemplate: {_no_claims(prepared.policy)}", file=stderr)
         yaml.safe_dump_all(made, stdout, sort_keys=False)
     elif args.output == "json":
         objects = [r.document for r in kept]
