@@ -336,3 +336,17 @@ def test_a_refusal_has_its_rules_code() -> None:
         answer = case["answer"]
         if answer["outcome"] == "rejected":
             assert answer["code"] == rules.BY_REASON[Reason(answer["reason"])].code, case["rule"]
+
+
+def test_of_several_problems_the_rule_first_in_the_registry_names_the_refusal() -> None:
+    order = [rule.reason.value for rule in rules.RULES]
+    several = 0
+    for _, _, case in CASES:
+        answer = case["answer"]
+        if answer["outcome"] in ("rejected", "warned") and len(_reasons(answer)) > 1:
+            several += 1
+            assert answer["reason"] == min(_reasons(answer), key=order.index), case["rule"]
+    assert several, "some case is refused for several rules"
+    found = [rules.Problem(Reason.SHIM_MOUNT, "b"), rules.Problem(Reason.MALFORMED_OBJECT, "a")]
+    assert rules.first(found) is found[1]
+    assert rules.first(found[:1]) is found[0]

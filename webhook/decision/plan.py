@@ -30,7 +30,7 @@ from webhook.decision.model import NO_GPU_POD, GpuPod
 from webhook.decision.patch import Op, plain
 from webhook.decision.policy import Policy
 from webhook.decision.prepared import Prepared
-from webhook.decision.rules import NOT_INJECTABLE, Problem, Problems, problem_of
+from webhook.decision.rules import NOT_INJECTABLE, Problem, Problems, first, problem_of
 from webhook.errors import PodError, ShapeError
 from webhook.reasons import Reason
 
@@ -94,14 +94,15 @@ def untouched(reason: Reason) -> Decision:
 
 
 def _refused(found: Problems) -> Decision:
-    """Refused for every problem found; the first one's reason and code stand for them all."""
-    first = found[0]
+    """Refused for every problem found, in the pod's order; the reason and code of the one
+    first in the registry's order (``rules.RULES``) stand for them all."""
+    named = first(found)
     problems = tuple(found)
     return Decision(
         outcome="rejected",
-        reason=first.reason,
+        reason=named.reason,
         message=_joined(problems),
-        code=first.code,
+        code=named.code,
         problems=problems,
     )
 

@@ -4,8 +4,10 @@ Owns the registry: each rule is one :class:`Rule`, named by its
 ``Reason``, with what it looks at (the pod, its containers, the ephemeral
 containers ``kubectl debug`` adds), whether a pod that breaks it can still
 be set up under ``enforcement: warn``, and the HTTP code of its refusal.
-``RULES`` lists them in the order the decision meets them, so a pod's
-problems come in that order; ``NOT_INJECTABLE`` is read from it. The
+``RULES`` lists them in order of precedence: a pod's problems are told in
+the pod's own order, and the one whose rule comes first here names the
+refusal (its reason, for the audit annotation and the metric, and its
+HTTP code); ``NOT_INJECTABLE`` is read from it too. The
 checks (``checks``, ``fit``, ``asks``) find :class:`Problem` values, each
 naming its rule's reason, the field and the fix, and append them to the
 list they are handed: a pod's author hears every problem in one answer.
@@ -56,10 +58,17 @@ class Rule:
     code: int = 403  # the refusal's HTTP code
 
 
-# In the order the decision meets them: where the pod may run, how it could
-# reach the GPUs around the shim, what it asks, and what of it the set-up
-# would meet.
+# In order of precedence: a pod that cannot be read at all, where it may run,
+# how it could reach the GPUs around the shim, what it asks, and what of it
+# the set-up would meet.
 RULES: tuple[Rule, ...] = (
+    Rule(
+        Reason.MALFORMED_OBJECT,
+        frozenset({Looks.POD, *_ALL_CONTAINERS}),
+        "a field of the wrong JSON type",
+        stops_setup=True,
+        code=400,
+    ),
     Rule(Reason.NODE_NAME, _POD, "spec.nodeName set: the GPU-share scheduler is skipped"),
     Rule(Reason.SCHEDULER_NAME, _POD, "another scheduler than the GPU-share one"),
     Rule(Reason.HOST_PID, _POD, "the node's process namespace"),
@@ -87,15 +96,11 @@ RULES: tuple[Rule, ...] = (
     Rule(Reason.SHIM_HOST_PATH, _POD, "a volume of the shim's host path"),
     Rule(Reason.PRELOAD_VALUE_FROM, _CONTAINER, "LD_PRELOAD from valueFrom", stops_setup=True),
     Rule(Reason.SHIM_MOUNT, _CONTAINER, "a mount that meets ours", stops_setup=True),
-    Rule(
-        Reason.MALFORMED_OBJECT,
-        frozenset({Looks.POD, *_ALL_CONTAINERS}),
-        "a field of the wrong JSON type",
-        stops_setup=True,
-        code=400,
-    ),
 )
 BY_REASON: Mapping[Reason, Rule] = {rule.reason: rule for rule in RULES}
+_RANK = {rule.reason: place for place, rule in enumerate(RULES)}
+
+
 NOT_INJECTABLE = frozenset(rule.reason for rule in RULES if rule.stops_setup)
 
 
@@ -117,6 +122,11 @@ class Problem:
 
 
 Problems = list[Problem]  # what the checks found, in the order of the pod's fields
+
+
+def first(found: Problems) -> Problem:
+    """The problem that names a refusal: the one whose rule comes first in ``RULES``."""
+    return min(found, key=lambda problem: _RANK[problem.reason])
 
 
 def problem_of(error: PodError) -> Problem:
