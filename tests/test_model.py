@@ -188,6 +188,9 @@ def _asks(*memory: tuple[str, int]) -> dict[str, Any]:
         ("ack", [("app", 4), ("app", 4), ("init", 6)], 8, 8),
         ("ack", [("app", 0), ("init", 3)], 3, 3),
         ("gpushare-extender", [("app", 0), ("init", 3)], 0, 0),
+        # Under DRA each container holds its own claim: the largest on a GPU, all in the pod.
+        ("dra", [("app", 4), ("app", 4), ("init", 12)], 12, 20),
+        ("dra", [("app", 0)], 0, 0),
     ],
 )  # fmt: skip
 def test_what_each_scheduler_kind_holds(

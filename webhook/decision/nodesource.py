@@ -73,6 +73,11 @@ def prepare(
     return prepared
 
 
+def _fallback(policy: Policy) -> str:
+    """How a pod is sized while the cluster's own sizes are not known."""
+    return f"GPU sizes come from the policy's gpuMemory ({policy.gpu_memory} {policy.memory_unit})"
+
+
 def _prepare_dra(
     facts: tuple[NodeFacts, ...],
     status: NodeStatus,
@@ -81,9 +86,7 @@ def _prepare_dra(
     mapped: tuple[str, ...],
 ) -> Prepared:
     """Under ``scheduler: dra``: sized by the GPUs the policy's driver publishes."""
-    fallback = (
-        f"GPU sizes come from the policy's gpuMemory ({policy.gpu_memory} {policy.memory_unit})"
-    )
+    fallback = _fallback(policy)
     if not status.synced:
         why = status.problem or "not read yet"
         return Prepared(
@@ -107,9 +110,7 @@ def _prepare_dra(
 
 def _prepare_nodes(facts: Iterable[NodeFacts], status: NodeStatus, policy: Policy) -> Prepared:
     """Under a device plugin's scheduler: sized by the nodes' extended resources."""
-    fallback = (
-        f"GPU sizes come from the policy's gpuMemory ({policy.gpu_memory} {policy.memory_unit})"
-    )
+    fallback = _fallback(policy)
     if not status.synced:
         why = status.problem or "not read yet"
         return Prepared(
