@@ -495,7 +495,7 @@ def test_under_dra_a_review_is_sized_by_the_published_gpus_and_told_why_when_non
     assert prepared.nodes is not None
     assert [n.name for n in prepared.nodes] == ["a"]
     assert prepared.grids == ((0, 2 * MIB), (MIB, MIB))
-    assert prepared.mapped == ("k", "m")
+    assert prepared.mapped == (("k", "aliyun.com/gpu-count"), ("m", "aliyun.com/gpu-mem"))
     assert prepared.note == ""
     none = prepare(NODES, synced, DRA, DraFacts((), classes))
     assert none.nodes is None
@@ -503,7 +503,7 @@ def test_under_dra_a_review_is_sized_by_the_published_gpus_and_told_why_when_non
         "GPU sizes come from the policy's gpuMemory (16 GiB): no ResourceSlice of driver "
         "gpu.nvidia.com publishes a GPU with memory"
     )
-    assert none.mapped == ("k", "m")
+    assert none.mapped == prepared.mapped
     waiting = prepare(NODES, NodeStatus(problem="forbidden"), DRA, DraFacts(DEVICES))
     assert waiting.note == (
         "GPU sizes come from the policy's gpuMemory (16 GiB): the cluster's ResourceSlices are "
@@ -512,4 +512,4 @@ def test_under_dra_a_review_is_sized_by_the_published_gpus_and_told_why_when_non
     assert prepare((), NodeStatus(), DRA).note.endswith("are not available (not read yet)")
     # Under the extender the classes still count, the devices do not.
     extender = prepare((), synced, parse_policy({}), DraFacts(DEVICES, classes))
-    assert (extender.mapped, extender.grids, extender.nodes) == (("k", "m"), (), None)
+    assert (extender.mapped, extender.grids, extender.nodes) == (prepared.mapped, (), None)

@@ -130,7 +130,7 @@ def test_the_workers_read_the_dra_facts_and_the_template_counts(tmp_path: Path) 
     dra = DraFacts(classes=(("mem", "aliyun.com/gpu-mem"),))
     snapshot.write_bytes(encode_snapshot(NodeStatus(watching=True, synced=True), (), dra))
     shared = SharedNodes(snapshot, templates=counts, interval=0)
-    assert shared.prepared(DEFAULT_POLICY).mapped == ("mem",)
+    assert shared.prepared(DEFAULT_POLICY).mapped == (("mem", "aliyun.com/gpu-mem"),)
     assert decode_dra(snapshot.read_bytes()) == dra
     assert shared.templates() == {"created": 0, "failures": 0}  # not written yet
     counts.write_text(json.dumps({"created": 3, "failures": 1}))

@@ -44,8 +44,7 @@ CLASSES = informer.Resource(
 def mapped_classes(classes: tuple[tuple[str, str], ...], policy: Policy) -> tuple[str, ...]:
     """``class (resource)`` of each DeviceClass that maps one of the policy's resources."""
     mapped = prepare((), NodeStatus(synced=True), policy, DraFacts((), classes)).mapped
-    by_name = dict(classes)
-    return tuple(f"{name} ({by_name[name]})" for name in mapped)
+    return tuple(f"{name} ({resource})" for name, resource in mapped)
 
 
 class Watches:

@@ -65,7 +65,7 @@ def prepare(
 ) -> Prepared:
     """``policy`` prepared for reviews, given what the watch knows of the nodes."""
     names = translated(policy)
-    mapped = tuple(sorted(name for name, resource in dra.classes if resource in names))
+    mapped = tuple(sorted(c for c in dra.classes if c[1] in names))
     if policy.placed_by.claims:
         return _prepare_dra(tuple(facts), status, policy, dra, mapped)
     prepared = _prepare_nodes(facts, status, policy)
@@ -83,7 +83,7 @@ def _prepare_dra(
     status: NodeStatus,
     policy: Policy,
     dra: DraFacts,
-    mapped: tuple[str, ...],
+    mapped: tuple[tuple[str, str], ...],
 ) -> Prepared:
     """Under ``scheduler: dra``: sized by the GPUs the policy's driver publishes."""
     fallback = _fallback(policy)

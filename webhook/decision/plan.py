@@ -229,7 +229,7 @@ def _plan(
     # up, and the scheduler it named, which enforce would refuse, is kept.
     keep_scheduler = any(e.reason == Reason.SCHEDULER_NAME for e in found)
     warnings = _claim_warnings(spec, policy) + _device_plugin_warnings(asks, policy)
-    warnings += _mapped_warnings(prepared)
+    warnings += _mapped_warnings(spec, prepared)
     ops = [] if keep_scheduler else inject.scheduler_ops(spec, policy)
     ops += _setup_ops(
         spec, metadata, seen=seen, gpu_pod=gpu_pod, prepared=prepared, warnings=warnings
@@ -269,23 +269,26 @@ def _setup_ops(
     return ops
 
 
-def _mapped_warnings(prepared: Prepared) -> list[str]:
-    """A note on every GPU pod while a DeviceClass maps the GPU resources to whole GPUs.
+def _mapped_warnings(spec: Mapping[str, Any], prepared: Prepared) -> list[str]:
+    """A note for each DeviceClass that maps a GPU resource the pod asks to whole GPUs.
 
     Under the extender or ACK the pod keeps its extended resources, and on
     a node whose device plugin reports none of them kube-scheduler serves
     them from that class (KEP-5004): a count of whole GPUs, not memory.
-    Under ``scheduler: dra`` the resources are gone from the pod, so the
-    class never sees it.
+    A class mapping a resource no container asks never sees the pod.
+    Under ``scheduler: dra`` the resources are gone from the pod, so no
+    class sees it.
     """
     if not prepared.mapped or prepared.policy.placed_by.claims:
         return []
-    policy = prepared.policy
+    containers = [c for _, c in each_container(spec, CONTAINER_KINDS)]
     return [
-        f"DeviceClass {', '.join(prepared.mapped)} maps {policy.resource_name} to devices: on a "
-        f"node without the GPU-share device plugin, kube-scheduler would give this pod "
-        f"{policy.resource_name} whole GPUs, one per unit, not a share of one; remove the "
-        "class's extendedResourceName, or use the policy's scheduler: dra"
+        f"DeviceClass {name} maps {resource} to devices: on a node without the GPU-share "
+        f"device plugin, kube-scheduler would give this pod {resource} whole GPUs, one per "
+        "unit, not a share of one; remove the class's extendedResourceName, or use the "
+        "policy's scheduler: dra"
+        for name, resource in prepared.mapped
+        if any(asks_resource(c, (resource,)) for c in containers)
     ]
 
 

@@ -58,8 +58,9 @@ class Prepared:
         # Under scheduler: dra, the request policies ((min, step) in bytes) of the
         # published GPUs' memory; an ask on none of them is refused (claims.on_grid).
         self.grids: tuple[tuple[int, int], ...] = ()
-        # DeviceClasses that map one of the policy's resources to whole devices (KEP-5004).
-        self.mapped: tuple[str, ...] = ()
+        # (class, resource) of each DeviceClass that maps one of the policy's
+        # resources to whole devices (KEP-5004).
+        self.mapped: tuple[tuple[str, str], ...] = ()
         self._memo: dict[Hashable, Any] = {}
 
     def remember(self, key: Hashable, make: Callable[[], T]) -> T:

@@ -196,7 +196,7 @@ class LiveState(Collector):
                 expiry,
             )
 
-    def _dra(self, mapped: tuple[str, ...]) -> Iterator[Metric]:
+    def _dra(self, mapped: tuple[tuple[str, str], ...]) -> Iterator[Metric]:
         """What ``scheduler: dra`` and KEP-5004 bring: mapping DeviceClasses, templates made."""
         yield _gauge(
             "gpushare_deviceclasses_mapping_gpu_resources",
