@@ -431,7 +431,7 @@ def test_a_resource_slice_is_read_as_go_reads_its_quantities() -> None:
             "a",
             "gpu.nvidia.com",
             _device("gpu-0", "16Gi", min="1Mi", step="1Mi"),
-            {"name": "gpu-1", "capacity": {"memory": {"value": "15.5Gi"}, "cores": "x"}},
+            {"name": "gpu-1", "capacity": {"cores": "x", "memory": {"value": "15.5Gi"}}},
             "not a device",
             {"capacity": {"memory": {"value": "nonsense"}}},
         )
@@ -443,6 +443,9 @@ def test_a_resource_slice_is_read_as_go_reads_its_quantities() -> None:
     ]
     assert devices_of({}) == []
     assert devices_of({"spec": {"driver": "d"}}) == []
+    # A slice of devices on no one node (allNodes, a nodeSelector) names none: no node counts it.
+    (anywhere,) = devices_of({"spec": {"allNodes": True, "devices": [_device("g", "1Gi")]}})
+    assert (anywhere.driver, anywhere.node) == ("", "")
 
 
 @pytest.mark.parametrize(
@@ -470,21 +473,25 @@ DEVICES = (
     DeviceFacts("gpu.nvidia.com", "", "gpu-x", {"memory": Capacity(80 * GIB)}, True),
     DeviceFacts("other.example.com", "c", "big", {"memory": Capacity(80 * GIB)}, True),
     DeviceFacts("gpu.nvidia.com", "d", "nic", {"bandwidth": Capacity(100)}, False),
+    DeviceFacts("gpu.nvidia.com", "e", "gpu-0", {"memory": Capacity(GIB, MIB, MIB)}, True),
 )
 NODES = (NodeFacts("a", {"pool": "big"}, {}), NodeFacts("b", {}, {}))
 
 
 def test_the_published_gpus_of_the_policys_driver_on_a_node_are_its_gpu_nodes() -> None:
-    assert [d.name for d in dra_devices(DEVICES, DRA)] == ["gpu-0", "gpu-1", "gpu-0"]
+    assert [d.node for d in dra_devices(DEVICES, DRA)] == ["a", "a", "b", "e"]
     nodes = dra_nodes(DEVICES, NODES, DRA)
-    # Node b's device holds under one GiB: no GPU a GiB pod can use.
+    # Node b's device holds under one GiB: no GPU a GiB pod can use. Node e's holds
+    # exactly one, and e has no Node object here: it has no labels.
     assert [(n.name, n.gpu_memory, n.gpu_count, dict(n.labels)) for n in nodes] == [
-        ("a", 24, 2, {"pool": "big"})
+        ("a", 24, 2, {"pool": "big"}),
+        ("e", 1, 1, {}),
     ]
     in_mib = parse_policy({"scheduler": "dra", "memoryUnit": "MiB"})
     assert [(n.name, n.gpu_memory) for n in dra_nodes(DEVICES, (), in_mib)] == [
         ("a", 24576),
         ("b", 1023),
+        ("e", 1024),
     ]
 
 
@@ -493,7 +500,7 @@ def test_under_dra_a_review_is_sized_by_the_published_gpus_and_told_why_when_non
     classes = (("m", "aliyun.com/gpu-mem"), ("n", "nvidia.com/gpu"), ("k", "aliyun.com/gpu-count"))
     prepared = prepare(NODES, synced, DRA, DraFacts(DEVICES, classes))
     assert prepared.nodes is not None
-    assert [n.name for n in prepared.nodes] == ["a"]
+    assert [n.name for n in prepared.nodes] == ["a", "e"]
     assert prepared.grids == ((0, 2 * MIB), (MIB, MIB))
     assert prepared.mapped == (("k", "aliyun.com/gpu-count"), ("m", "aliyun.com/gpu-mem"))
     assert prepared.note == ""
