@@ -62,14 +62,8 @@ def get_json(
     authentication (tokens refreshed by exec plugins too), TLS and proxies.
     A status other than 2xx is an ApiException, as from a generated call.
     """
-    method, url, headers, body, post = api.param_serialize(
-        method="GET",
-        resource_path=path,
-        query_params=[(k, v) for k, v in query.items() if v != ""],
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
-    )
-    response = api.call_api(method, url, headers, body, post, _request_timeout=timeout)
+    query_params = [(k, v) for k, v in query.items() if v != ""]
+    response = _call(api, "GET", path, timeout=timeout, query_params=query_params)
     if not 200 <= response.status <= 299:
         response.read()
         raise ApiException(status=response.status, reason=response.reason)
@@ -84,18 +78,35 @@ def post_json(
     timeout: float | tuple[float, float],
 ) -> Any:
     """POST ``body`` as JSON to ``path`` (a create), as :func:`get_json` reads; the response."""
-    method, url, headers, data, post = api.param_serialize(
-        method="POST",
-        resource_path=path,
-        header_params={"Accept": "application/json", "Content-Type": "application/json"},
-        body=body,
-        auth_settings=["BearerToken"],
-    )
-    response = api.call_api(method, url, headers, data, post, _request_timeout=timeout)
+    response = _call(api, "POST", path, timeout=timeout, body=body)
     if not 200 <= response.status <= 299:
         text = response.read()
         raise ApiException(status=response.status, reason=_message(text) or response.reason)
     return response
+
+
+def _call(
+    api: client.ApiClient,
+    method: str,
+    path: str,
+    *,
+    timeout: float | tuple[float, float],
+    query_params: list[tuple[str, str]] | None = None,
+    body: dict[str, Any] | None = None,
+) -> Any:
+    """One JSON request through the client's own set-up; the response, body not yet read."""
+    header_params = {"Accept": "application/json"}
+    if body is not None:
+        header_params["Content-Type"] = "application/json"
+    method, url, headers, data, post = api.param_serialize(
+        method=method,
+        resource_path=path,
+        query_params=query_params,
+        header_params=header_params,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    return api.call_api(method, url, headers, data, post, _request_timeout=timeout)
 
 
 def _message(body: bytes | None) -> str:
