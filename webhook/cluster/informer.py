@@ -80,9 +80,8 @@ class Resource:
     optional: bool = False  # absent or refused: said once, and the other watches go on
 
 
-NODES = Resource(
-    "/api/v1/nodes", "nodes", "node", "see the ClusterRole in manifests/base/rbac.yaml"
-)
+RBAC = "see the ClusterRole in manifests/base/rbac.yaml"  # where every watched kind is granted
+NODES = Resource("/api/v1/nodes", "nodes", "node", RBAC)
 
 
 def key_of(obj: dict[str, Any]) -> str:

@@ -29,13 +29,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook.cluster import kube
-from webhook.cluster.informer import Resource, key_of
+from webhook.cluster.informer import RBAC, Resource, key_of
 from webhook.decision import DRA_LABEL, MANAGED_BY, Policy, claim_template, template_shape
 
 log = logging.getLogger("gpushare_webhook.templates")
 RETRY = 10.0  # seconds before a failed create is tried again
 TIMEOUT = 10.0
-RBAC = "see the ClusterRole in manifests/base/rbac.yaml"
 
 # Pods the webhook gave claims that no node holds yet: the ones whose claims may still be missing.
 PENDING_PODS = Resource(
@@ -156,8 +155,7 @@ class TemplateMaker:
 
     def forget(self, _kind: str, template: dict[str, Any]) -> None:
         """The template watch saw a template: the watch's own set knows it from now on."""
-        meta = template.get("metadata") or {}
-        self._made.discard(f"{meta.get('namespace')}/{meta.get('name')}")
+        self._made.discard(key_of(template))
 
 
 def _refusal(error: ApiException) -> str:

@@ -26,25 +26,23 @@ from webhook.decision import (
     Policy,
     class_of,
     devices_of,
-    prepare,
+    mapping_classes,
 )
 
 log = logging.getLogger("gpushare_webhook.nodes")
-RBAC = "see the ClusterRole in manifests/base/rbac.yaml"
 SLICES = informer.Resource(
-    "/apis/resource.k8s.io/v1/resourceslices", "resourceslices", "ResourceSlice", RBAC,
+    "/apis/resource.k8s.io/v1/resourceslices", "resourceslices", "ResourceSlice", informer.RBAC,
     optional=True,
 )  # fmt: skip
 CLASSES = informer.Resource(
-    "/apis/resource.k8s.io/v1/deviceclasses", "deviceclasses", "DeviceClass", RBAC,
+    "/apis/resource.k8s.io/v1/deviceclasses", "deviceclasses", "DeviceClass", informer.RBAC,
     optional=True,
 )  # fmt: skip
 
 
 def mapped_classes(classes: tuple[tuple[str, str], ...], policy: Policy) -> tuple[str, ...]:
     """``class (resource)`` of each DeviceClass that maps one of the policy's resources."""
-    mapped = prepare((), NodeStatus(synced=True), policy, DraFacts((), classes)).mapped
-    return tuple(f"{name} ({resource})" for name, resource in mapped)
+    return tuple(f"{name} ({resource})" for name, resource in mapping_classes(classes, policy))
 
 
 class Watches:
@@ -106,10 +104,12 @@ class Watches:
 
     def snapshot(self) -> tuple[NodeStatus, tuple[NodeFacts, ...], DraFacts]:
         _, status, facts = self.nodes.snapshot()
-        slices = self.slices.snapshot()[2]
-        classes = self.classes.snapshot()[2]
-        devices = tuple(device for found in slices for device in found)
-        return status, facts, DraFacts(devices, tuple(c for found in classes for c in found))
+        devices = tuple(device for found in self.slices.snapshot()[2] for device in found)
+        return status, facts, DraFacts(devices, self._class_pairs())
+
+    def _class_pairs(self) -> tuple[tuple[str, str], ...]:
+        """(name, resource) of each DeviceClass that maps an extended resource."""
+        return tuple(c for found in self.classes.snapshot()[2] for c in found)
 
     def retry(self) -> None:
         """Try the refused template creates again for the pods that still wait for them."""
@@ -124,8 +124,7 @@ class Watches:
         if seen == self._seen:
             return  # looked at every interval: nothing to do until either changes
         self._seen = seen
-        classes = tuple(c for found in self.classes.snapshot()[2] for c in found)
-        mapped = mapped_classes(classes, policy)
+        mapped = mapped_classes(self._class_pairs(), policy)
         if mapped == self._mapped:
             return
         self._mapped = mapped

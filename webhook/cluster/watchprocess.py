@@ -50,6 +50,7 @@ from typing import Any
 
 from webhook.decision import (
     DEFAULT_POLICY,
+    NO_DRA,
     DraFacts,
     NodeFacts,
     NodeStatus,
@@ -85,8 +86,7 @@ class NodeWatch:
 
     def __init__(self, snapshot: Path, options: WatchOptions) -> None:
         self.snapshot, self.options = snapshot, options
-        # {"created": n, "failures": n}: the claim templates made, and the creates refused
-        self.counts = snapshot.with_name("templates.json")
+        self.counts = counts_path(snapshot)
         self.pid = 0
         _write(snapshot, NodeStatus(watching=True, problem="node list not read yet"), ())
 
@@ -228,7 +228,7 @@ def _watch(snapshot: Path, options: WatchOptions, parent: int) -> int:
                 written = version
             counts = watches.counts()
             if counts != counted:
-                _replace(snapshot.with_name("templates.json"), json.dumps(counts).encode())
+                _replace(counts_path(snapshot), json.dumps(counts).encode())
                 counted = counts
             if stop.wait(options.interval) or os.getppid() != parent:
                 return 0
@@ -269,11 +269,17 @@ class PolicyFile:
             log.warning("claim templates keep the last good policy: %s", error)
 
 
+def counts_path(snapshot: Path) -> Path:
+    """Beside the snapshot, ``{"created": n, "failures": n}``: the claim templates made,
+    and the creates refused."""
+    return snapshot.with_name("templates.json")
+
+
 def _write(
-    path: Path, status: NodeStatus, facts: Iterable[NodeFacts], dra: DraFacts | None = None
+    path: Path, status: NodeStatus, facts: Iterable[NodeFacts], dra: DraFacts = NO_DRA
 ) -> None:
     """Replace the snapshot whole: a reader sees the old file or the new one, never half."""
-    _replace(path, encode_snapshot(status, facts, *([dra] if dra is not None else [])))
+    _replace(path, encode_snapshot(status, facts, dra))
 
 
 def _replace(path: Path, data: bytes) -> None:

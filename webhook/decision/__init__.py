@@ -27,6 +27,7 @@ from webhook.decision.affinity import SHIM_LABEL
 from webhook.decision.asks import ContainerAsk
 from webhook.decision.capacity import DeviceFacts, GpuNode, NodeFacts, gpu_node
 from webhook.decision.claims import DRA_LABEL, MANAGED_BY, is_claimed, template_shape
+from webhook.decision.claims import PREFIX as CLAIM_PREFIX
 from webhook.decision.claims import template as claim_template
 from webhook.decision.contract import ACCOUNTING_VOLUME, REGION_DIR, REGION_SUFFIX
 from webhook.decision.fields import STATUS_ANNOTATION, container_label
@@ -36,6 +37,7 @@ from webhook.decision.jsontext import encoder
 from webhook.decision.layout import INIT_STEP
 from webhook.decision.model import GpuPod, stored_gpu_pod
 from webhook.decision.nodesource import (
+    NO_DRA,
     DraFacts,
     NodeSource,
     NodeStatus,
@@ -46,6 +48,7 @@ from webhook.decision.nodesource import (
     devices_of,
     encode_snapshot,
     facts_of,
+    mapping_classes,
     prepare,
 )
 from webhook.decision.plan import Decision, is_gpu_pod, plan_ephemeral
@@ -57,11 +60,13 @@ from webhook.decision.quantities import BYTES_PER_MIB, go_value, limit_mib
 __all__ = [
     "ACCOUNTING_VOLUME",
     "BYTES_PER_MIB",
+    "CLAIM_PREFIX",
     "DEFAULT_POLICY",
     "DRA_LABEL",
     "INIT_STEP",
     "MANAGED_BY",
     "MESSAGE_PREFIX",
+    "NO_DRA",
     "REGION_DIR",
     "REGION_SUFFIX",
     "SHIM_LABEL",
@@ -98,6 +103,7 @@ __all__ = [
     "is_gpu_pod",
     "limit_mib",
     "make_guard",
+    "mapping_classes",
     "parse_policy_text",
     "plan_ephemeral",
     "prepare",

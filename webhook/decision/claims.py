@@ -123,11 +123,6 @@ def template(name: str, policy: Policy) -> dict[str, Any] | None:
     }
 
 
-def translated(policy: Policy) -> tuple[str, ...]:
-    """The extended resources a claim stands in for, removed from a container."""
-    return (policy.resource_name, policy.compute.resource_name, policy.multi_gpu.resource_name)
-
-
 def claim_ops(
     spec: Mapping[str, Any],
     metadata: Mapping[str, Any],
@@ -140,7 +135,7 @@ def claim_ops(
         for ask in asks
     ]
     ops = _pod_claim_ops(spec, wanted)
-    names = translated(policy)
+    names = policy.gpu_resources  # the claim stands in for all three: they leave the container
     for ask in asks:
         container = spec[ask.kind][ask.position]
         ops += _container_ops(container, f"/spec/{ask.kind}/{ask.position}", claim_name(ask), names)

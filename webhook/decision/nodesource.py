@@ -26,7 +26,6 @@ from webhook.decision.capacity import (
     gpu_nodes,
     uncounted,
 )
-from webhook.decision.claims import translated
 from webhook.decision.policy import Policy
 from webhook.decision.prepared import Kept, Prepared
 from webhook.decision.quantities import go_value
@@ -64,8 +63,7 @@ def prepare(
     facts: Iterable[NodeFacts], status: NodeStatus, policy: Policy, dra: DraFacts = NO_DRA
 ) -> Prepared:
     """``policy`` prepared for reviews, given what the watch knows of the nodes."""
-    names = translated(policy)
-    mapped = tuple(sorted(c for c in dra.classes if c[1] in names))
+    mapped = mapping_classes(dra.classes, policy)
     if policy.placed_by.claims:
         return _prepare_dra(tuple(facts), status, policy, dra, mapped)
     prepared = _prepare_nodes(facts, status, policy)
@@ -206,6 +204,17 @@ def devices_of(resource_slice: Mapping[str, Any]) -> list[DeviceFacts]:
             )
         )
     return found
+
+
+def mapping_classes(
+    classes: Iterable[tuple[str, str]], policy: Policy
+) -> tuple[tuple[str, str], ...]:
+    """Of (class, resource) pairs, by name, those that map one of the policy's resources.
+
+    kube-scheduler serves such a resource from the class's devices as whole
+    GPUs (KEP-5004) on nodes whose device plugin reports none of it.
+    """
+    return tuple(sorted(c for c in classes if c[1] in policy.gpu_resources))
 
 
 def class_of(device_class: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -174,12 +174,11 @@ def is_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> bool:
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return False
-    names = (policy.resource_name, policy.compute.resource_name, policy.multi_gpu.resource_name)
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
         if isinstance(containers, list):
             for container in containers:
-                if asks_resource(container, names):
+                if asks_resource(container, policy.gpu_resources):
                     return True
     return False
 

@@ -251,6 +251,11 @@ class Policy:
         return SCHEDULERS[self.scheduler]
 
     @property
+    def gpu_resources(self) -> tuple[str, str, str]:
+        """The extended resources a pod asks a share of a GPU with: memory, compute, count."""
+        return (self.resource_name, self.compute.resource_name, self.multi_gpu.resource_name)
+
+    @property
     def mib_per_unit(self) -> int:
         return MIB_PER_UNIT[self.memory_unit]
 
@@ -303,8 +308,7 @@ def _cross_check(policy: Policy) -> None:
                 f"policy key 'shim.{key}': {path!r} overlaps {REGION_DIR}, where the "
                 "webhook mounts the shim's accounting"
             )
-    names = {policy.resource_name, policy.compute.resource_name, policy.multi_gpu.resource_name}
-    if len(names) != 3:
+    if len(set(policy.gpu_resources)) != 3:
         raise PolicyError(
             "policy keys 'resourceName', 'compute.resourceName' and 'multiGpu.resourceName' "
             "must name three different resources"

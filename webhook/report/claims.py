@@ -31,16 +31,18 @@ from typing import Any
 
 from webhook.decision import (
     BYTES_PER_MIB,
+    CLAIM_PREFIX,
     ContainerAsk,
     Policy,
+    class_of,
     container_label,
     go_value,
     is_claimed,
     limit_mib,
+    mapping_classes,
 )
+from webhook.report.objects import FINISHED
 
-PREFIX = "gpushare-"  # of every claim the webhook names in a pod
-FINISHED = ("Succeeded", "Failed")
 Key = tuple[str, str]  # (namespace, name)
 
 
@@ -141,7 +143,7 @@ def _claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
     return {
         str(entry.get("name")): made.get(str(entry.get("name")), "")
         for entry in _list(pod, "spec", "resourceClaims")
-        if isinstance(entry, Mapping) and str(entry.get("name")).startswith(PREFIX)
+        if isinstance(entry, Mapping) and str(entry.get("name")).startswith(CLAIM_PREFIX)
     }
 
 
@@ -291,18 +293,13 @@ def mapped_classes(classes: Iterable[Mapping[str, Any]], policy: Policy) -> list
     """
     if policy.placed_by.claims:
         return []
-    ours = (policy.resource_name, policy.compute.resource_name, policy.multi_gpu.resource_name)
-    found = []
-    for item in classes:
-        resource = _get(item, "spec", "extendedResourceName")
-        if resource in ours:
-            found.append(
-                f"DeviceClass {_get(item, 'metadata', 'name')} maps {resource} "
-                "(spec.extendedResourceName): on nodes a DRA driver publishes GPUs on, "
-                f"kube-scheduler may give a pod asking {resource} whole GPUs, past "
-                f"{policy.placed_by.title}; remove the mapping, or move to scheduler: dra"
-            )
-    return found
+    pairs = [pair for pair in map(class_of, classes) if pair is not None]
+    return [
+        f"DeviceClass {name} maps {resource} (spec.extendedResourceName): on nodes a DRA "
+        f"driver publishes GPUs on, kube-scheduler may give a pod asking {resource} whole "
+        f"GPUs, past {policy.placed_by.title}; remove the mapping, or move to scheduler: dra"
+        for name, resource in mapping_classes(pairs, policy)
+    ]
 
 
 def left_to_migrate(pods: Iterable[Mapping[str, Any]], policy: Policy) -> list[str]:

@@ -34,10 +34,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from webhook.decision import Policy, go_value, is_gpu_pod, stored_gpu_pod
+from webhook.report.objects import FINISHED
 
 INDEX = "ALIYUN_COM_GPU_MEM_IDX"  # the GPU of the node the extender placed the pod on
 RESERVED = "ALIYUN_COM_GPU_MEM_POD"  # the memory it reserved for the pod there
-FINISHED = ("Succeeded", "Failed")
 UNANSWERED_AFTER = timedelta(seconds=60)
 NOT_RESERVED = (
     "bound to {node} without the scheduler extender's {index} annotation: the scheduler did "

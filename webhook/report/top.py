@@ -25,7 +25,8 @@ from webhook.decision import BYTES_PER_MIB, Policy, stored_gpu_pod
 from webhook.node.scraped import Used
 from webhook.node.usage import pod_of
 from webhook.report.claims import Claims
-from webhook.report.reserved import FINISHED, INDEX, RESERVED, annotated
+from webhook.report.objects import FINISHED
+from webhook.report.reserved import INDEX, RESERVED, annotated
 
 
 @dataclass(frozen=True)
