@@ -41,7 +41,7 @@ from webhook.decision import (
     limit_mib,
     mapping_classes,
 )
-from webhook.report.objects import FINISHED
+from webhook.report.objects import FINISHED, container_env
 
 Key = tuple[str, str]  # (namespace, name)
 
@@ -233,12 +233,7 @@ def _limits(pod: Mapping[str, Any], entry: str, shares: list[Held], policy: Poli
             refs = _list(container, "resources", "claims")
             if not any(_get(ref, "name") == entry for ref in refs):
                 continue
-            env = {
-                str(e.get("name")): e.get("value")
-                for e in _list(container, "env")
-                if isinstance(e, Mapping)
-            }
-            limit = limit_mib(env.get(policy.env.memory_limit))
+            limit = limit_mib(container_env(container).get(policy.env.memory_limit))
             if limit is None:
                 continue  # none, or not the webhook's form: the pod's own judgement says so
             for share in shares:
@@ -263,13 +258,8 @@ def missing_setup(
     said = []
     for ask in asks:
         container = _list(pod, "spec", ask.kind)[ask.position]
-        env = {
-            str(e.get("name")): e.get("value")
-            for e in _list(container, "env")
-            if isinstance(e, Mapping)
-        }
         want = ask.memory_per_gpu * policy.mib_per_unit
-        have = env.get(policy.env.memory_limit)
+        have = container_env(container).get(policy.env.memory_limit)
         if have is None:
             said.append(
                 f"{container_label(ask.kind, ask.name)}: no {policy.env.memory_limit}: the shim "

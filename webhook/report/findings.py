@@ -62,7 +62,7 @@ from webhook.report.claims import (
     missing_setup,
     read_claims,
 )
-from webhook.report.objects import Objects
+from webhook.report.objects import Objects, container_env
 from webhook.report.refused import Refused, refused
 from webhook.report.reserved import Accounts, NodeGpus, Waiting, account, unanswered
 
@@ -331,18 +331,9 @@ def _without_init_step(prepared: Prepared) -> Prepared:
 
 def _unlimited(spec: Mapping[str, Any], asks: Iterable[ContainerAsk], policy: Policy) -> bool:
     """Whether a container that asks GPU memory has no limit for it."""
-    return any(policy.env.memory_limit not in _env(spec[ask.kind][ask.position]) for ask in asks)
-
-
-def _env(container: Mapping[str, Any]) -> dict[str, str]:
-    """The container's variables as the kubelet sets them: the last entry of a name wins."""
-    env = container.get("env")
-    found: dict[str, str] = {}
-    for entry in env if isinstance(env, list) else ():
-        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
-            value = entry.get("value")
-            found[entry["name"]] = "(valueFrom)" if "valueFrom" in entry else str(value or "")
-    return found
+    return any(
+        policy.env.memory_limit not in container_env(spec[ask.kind][ask.position]) for ask in asks
+    )
 
 
 def _differences(pod: Mapping[str, Any], decision: Decision, policy: Policy) -> tuple[str, ...]:
@@ -359,8 +350,8 @@ def _differences(pod: Mapping[str, Any], decision: Decision, policy: Policy) -> 
         found.append(f"no {', '.join(missing)} volume" + ("s" if len(missing) > 1 else ""))
     for ask in decision.asks:
         label = container_label(ask.kind, ask.name)
-        have = _env(spec[ask.kind][ask.position])
-        should = _env(want[ask.kind][ask.position])
+        have = container_env(spec[ask.kind][ask.position])
+        should = container_env(want[ask.kind][ask.position])
         absent = [name for name in should if name not in have]
         if absent:
             found.append(f"{label}: no {', '.join(absent)}")

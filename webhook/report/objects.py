@@ -126,3 +126,14 @@ def _controller(meta: Mapping[str, Any]) -> tuple[str, str, str] | None:
         if isinstance(ref, Mapping) and ref.get("controller") is True:
             return str(ref.get("kind")), str(meta.get("namespace")), str(ref.get("name"))
     return None
+
+
+def container_env(container: Mapping[str, Any]) -> dict[str, str]:
+    """The container's variables as the kubelet sets them: the last entry of a name wins."""
+    env = container.get("env")
+    found: dict[str, str] = {}
+    for entry in env if isinstance(env, list) else ():
+        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+            value = entry.get("value")
+            found[entry["name"]] = "(valueFrom)" if "valueFrom" in entry else str(value or "")
+    return found
