@@ -19,6 +19,12 @@ def literal(value: str | bool | int) -> str:
 # What follows is text made once, at import, and pinned by tests/test_guard.py
 # and tests/apiserver (docs/mutation.md).
 # pragma: no mutate start
+# The pod's containers and init containers, as one list.
+CONTAINERS = (
+    "(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : []))"
+)
+
+
 def asks(resource: str, c: str = "c") -> str:
     """Container ``c`` asks ``resource`` (a CEL string), in its limits or its requests."""
     return (

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from webhook.decision import contract, guardclaims
+from webhook.decision.cel import CONTAINERS
 from webhook.decision.cel import all_of as _all
 from webhook.decision.cel import ask as _ask
 from webhook.decision.cel import asks as _asks
@@ -180,8 +181,7 @@ _POD_PIECES = [
 LOGIC: list[tuple[str, str]] = [
     (
         "gpu",
-        "(object.spec.containers + (has(object.spec.initContainers) ? "
-        "object.spec.initContainers : [])).filter(c, " + _asks("variables.resource") + ")",
+        f"{CONTAINERS}.filter(c, " + _asks("variables.resource") + ")",
     ),
     (
         "podGpus",

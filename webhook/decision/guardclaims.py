@@ -21,7 +21,7 @@ asks for no GPU. Text only, made once at import (docs/mutation.md).
 
 from __future__ import annotations
 
-from webhook.decision.cel import all_of, asks, missing
+from webhook.decision.cel import CONTAINERS, all_of, asks, missing
 from webhook.decision.claims import PREFIX
 
 # The template names claims.template_name gives (claims.template_shape reads them),
@@ -36,20 +36,13 @@ CLAIMED_MATCH = (
 
 
 # pragma: no mutate start
-def _containers() -> str:
-    return (
-        "(object.spec.containers + (has(object.spec.initContainers) ? "
-        "object.spec.initContainers : []))"
-    )
-
-
 # The head of a template's name, before its DeviceClass: gpushare-4096mi-x2-c30.
 _HEAD = "w.t.substring(0, w.t.indexOf('.'))"
 # Each claiming container (w.c), its template (w.t), and what the template names as
 # the expressions for GPU containers read them (webhook.decision.guard): its GPUs,
 # its MiB per GPU as pinned ("4096m"), and whether the shim limits its compute.
 _WANT = (
-    f"{_containers()}.filter(c, has(c.resources) && has(c.resources.claims) && "
+    f"{CONTAINERS}.filter(c, has(c.resources) && has(c.resources.claims) && "
     "c.resources.claims.exists(r, variables.draClaims.exists(p, p.name == r.name)))"
     ".map(c, {'c': dyn(c), 't': dyn(variables.draClaims.filter(p, "
     "c.resources.claims.exists(r, r.name == p.name))[0].resourceClaimTemplateName)})"
@@ -61,7 +54,7 @@ _WANT = (
 )
 _RESOURCES = "[variables.resource, variables.computeResource, variables.countResource]"
 _ASKED = (
-    f"{_containers()}.filter(c, {_RESOURCES}.exists(n, {asks('n')}))"
+    f"{CONTAINERS}.filter(c, {_RESOURCES}.exists(n, {asks('n')}))"
     f'.map(c, "container \'" + c.name + "\' asks " + {_RESOURCES}.filter(n, {asks("n")})'
     ".join(', ') + ', which the webhook turns into a ResourceClaim under scheduler: dra "
     "(kube-scheduler would give it whole GPUs through a DeviceClass that maps it, or no node)')"
