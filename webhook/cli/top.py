@@ -40,14 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_top(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     from webhook.cluster import inventory, kube
     from webhook.cluster.nodepods import list_pods
-    from webhook.report.claims import read_claims
+    from webhook.report.claims import NO_CLAIMS, read_claims
     from webhook.report.objects import sort_objects
     from webhook.report.top import as_json, as_table, build_top
 
     api = kube.api_client(args.kubeconfig, args.context)
     policy = cluster_policy(api, args, [])
     pods = list_pods(api, namespace=args.namespace)
-    claims = None
+    claims = NO_CLAIMS
     if policy.placed_by.claims:
         found, notes, listed = inventory.read_dra(api, namespace=args.namespace, claims=True)
         for note in notes:

@@ -96,6 +96,9 @@ class Claims:
         return tuple(sorted({h.device for h in self.by_pod.get(key, ())}))
 
 
+NO_CLAIMS = Claims((), {}, {})  # where the claims were not read
+
+
 def _get(obj: Any, *path: str) -> Any:
     for name in path:
         obj = obj.get(name) if isinstance(obj, Mapping) else None

@@ -24,7 +24,7 @@ from typing import Any
 from webhook.decision import BYTES_PER_MIB, Policy, stored_gpu_pod
 from webhook.node.scraped import Used
 from webhook.node.usage import pod_of
-from webhook.report.claims import Claims
+from webhook.report.claims import NO_CLAIMS, Claims
 from webhook.report.objects import FINISHED
 from webhook.report.reserved import INDEX, RESERVED, annotated
 
@@ -88,10 +88,10 @@ def build_top(
     objects: Iterable[Mapping[str, Any]],
     policy: Policy,
     reports: Mapping[str, list[Used] | str],
-    claims: Claims | None = None,
+    claims: Claims = NO_CLAIMS,
 ) -> Top:
     """``reports``: per node, what its agent reported, or why it could not be asked;
-    ``claims``: what DRA's claims hold (None: not read)."""
+    ``claims``: what DRA's claims hold."""
     unit = policy.mib_per_unit * BYTES_PER_MIB
     used = used_by_pod(reports)
     tampered = {
@@ -111,9 +111,9 @@ def build_top(
         if reserved is None and not pod.admitted:
             continue  # not a GPU pod as far as the extender or the webhook knows
         key = (pod.namespace, pod.name)
-        shares = claims.by_pod.get(key, ()) if claims is not None else ()
-        if shares:
-            reserved, gpu, unit_of = sum(h.held_bytes for h in shares), None, 1
+        held = claims.held_bytes(key)
+        if held is not None:
+            reserved, gpu, unit_of = held, None, 1
         else:
             unit_of = unit
         pods.append(
@@ -128,7 +128,7 @@ def build_top(
                 else None,
                 used_bytes=used.get(key),
                 tampered=key in tampered,
-                devices=tuple(sorted({h.device for h in shares})),
+                devices=claims.devices_of(key),
             )
         )
     pods.sort(key=lambda p: (p.node, -1 if p.gpu is None else p.gpu, p.namespace, p.pod))
@@ -141,11 +141,11 @@ def build_top(
     return Top(tuple(pods), _gpus(pods) + _devices(pods, claims), unreached)
 
 
-def _devices(pods: list[TopPod], claims: Claims | None) -> tuple[TopGpu, ...]:
+def _devices(pods: list[TopPod], claims: Claims) -> tuple[TopGpu, ...]:
     """A row per DRA device the listed pods' claims hold shares of."""
     shown = {(p.namespace, p.pod): p for p in pods if p.devices}
     rows = []
-    for device in claims.devices if claims is not None else ():
+    for device in claims.devices:
         held = [h for h in device.held if (h.namespace, h.pod) in shown]
         if not held:
             continue
