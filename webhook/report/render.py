@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from webhook.report.claims import Device
+from webhook.report.claims import Device, Held
 from webhook.report.findings import NodeUsage, PodFinding, Report, WorkloadFinding
 from webhook.report.reserved import Gpu
 
@@ -24,6 +24,8 @@ def _counts(statuses: Sequence[str], names: Sequence[str]) -> dict[str, int]:
 
 
 def as_json(report: Report) -> dict[str, Any]:
+    by_pod = {(p.namespace, p.name): p for p in report.pods}
+    statuses = _statuses(report)
     return {
         "apiVersion": API_VERSION,
         "kind": "Report",
@@ -39,8 +41,8 @@ def as_json(report: Report) -> dict[str, Any]:
         },
         "pods": [_pod(p) for p in report.pods],
         "workloads": [_workload(w) for w in report.workloads],
-        "nodes": [_node(n, _statuses(report)) for n in report.nodes],
-        "draDevices": [_dra_device(d, report) for d in report.devices],
+        "nodes": [_node(n, statuses) for n in report.nodes],
+        "draDevices": [_dra_device(d, by_pod) for d in report.devices],
         "unanswered": [
             {"schedulerName": w.scheduler, "pods": list(w.pods), "message": w.message}
             for w in report.unanswered
@@ -127,9 +129,7 @@ def _device(gpu: Gpu, statuses: dict[tuple[str, str], str]) -> dict[str, Any]:
     }
 
 
-def _dra_device(device: Device, report: Report) -> dict[str, Any]:
-    statuses = _statuses(report)
-    used = {(p.namespace, p.name): p.used_bytes for p in report.pods}
+def _dra_device(device: Device, by_pod: dict[tuple[str, str], PodFinding]) -> dict[str, Any]:
     return {
         "node": device.node,
         "driver": device.driver,
@@ -137,18 +137,19 @@ def _dra_device(device: Device, report: Report) -> dict[str, Any]:
         "device": device.name,
         "totalBytes": device.total_bytes,
         "heldBytes": device.held_bytes,
-        "shares": [
-            {
-                "namespace": h.namespace,
-                "name": h.pod,
-                "claim": h.claim,
-                "shareID": h.share,
-                "heldBytes": h.held_bytes,
-                "usedBytes": used.get((h.namespace, h.pod)),
-                "status": statuses.get((h.namespace, h.pod), ""),
-            }
-            for h in device.held
-        ],
+        "shares": [_dra_share(h, by_pod.get((h.namespace, h.pod))) for h in device.held],
+    }
+
+
+def _dra_share(held: Held, pod: PodFinding | None) -> dict[str, Any]:
+    return {
+        "namespace": held.namespace,
+        "name": held.pod,
+        "claim": held.claim,
+        "shareID": held.share,
+        "heldBytes": held.held_bytes,
+        "usedBytes": None if pod is None else pod.used_bytes,
+        "status": "" if pod is None else pod.status,
     }
 
 
