@@ -26,7 +26,6 @@ from webhook.decision.nodesource import (
     NodeStatus,
     NoNodes,
     capacity_kept,
-    decode_dra,
     decode_snapshot,
     encode_snapshot,
     facts_of,
@@ -121,7 +120,7 @@ FACTS = (
 
 def test_a_snapshot_carries_the_status_and_facts_whole() -> None:
     status = NodeStatus(watching=True, tried=True, synced=True, connected=True, nodes=2)
-    assert decode_snapshot(encode_snapshot(status, FACTS)) == (status, FACTS)
+    assert decode_snapshot(encode_snapshot(status, FACTS)) == (status, FACTS, DraFacts())
 
 
 @pytest.mark.parametrize(
@@ -152,10 +151,14 @@ DRA = DraFacts(
 
 def test_a_snapshot_carries_what_dra_publishes_whole() -> None:
     data = encode_snapshot(NodeStatus(synced=True), FACTS, DRA)
-    assert decode_dra(data) == DRA
-    assert decode_dra(encode_snapshot(NodeStatus(), FACTS)) == DraFacts()
+    assert decode_snapshot(data)[2] == DRA
+    assert decode_snapshot(encode_snapshot(NodeStatus(), FACTS))[2] == DraFacts()
     with pytest.raises(SnapshotError, match="node snapshot"):
-        decode_dra(b'{"version": 2, "devices": [["a"]], "classes": []}')
+        decode_snapshot(
+            b'{"version": 2, "status": {}, "nodes": [], "devices": [["a"]], "classes": []}'
+        )
+    with pytest.raises(SnapshotError, match="node snapshot"):
+        decode_snapshot(b'{"version": 2, "status": {}, "nodes": []}')  # no DRA facts
 
 
 def test_only_extended_resources_travel_in_a_snapshot() -> None:
@@ -269,8 +272,11 @@ def test_a_snapshot_error_says_what_was_wrong() -> None:
 
 
 def test_a_snapshot_keeps_what_it_knows_of_a_newer_status() -> None:
-    data = b'{"version": 2, "status": {"synced": true, "since": 5}, "nodes": []}'
-    assert decode_snapshot(data) == (NodeStatus(synced=True), ())
+    data = (
+        b'{"version": 2, "status": {"synced": true, "since": 5}, "nodes": [], "devices": [], '
+        b'"classes": []}'
+    )
+    assert decode_snapshot(data) == (NodeStatus(synced=True), (), DraFacts())
 
 
 def test_one_prepared_policy_is_kept_while_the_policy_and_the_node_list_are_the_same() -> None:

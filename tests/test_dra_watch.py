@@ -24,7 +24,7 @@ from webhook.cluster import informer, kube
 from webhook.cluster.templates import TemplateMaker, wanted
 from webhook.cluster.watches import Watches, mapped_classes
 from webhook.cluster.watchprocess import PolicyFile
-from webhook.decision import DEFAULT_POLICY, DraFacts, decode_dra, encode_snapshot
+from webhook.decision import DEFAULT_POLICY, DraFacts, decode_snapshot, encode_snapshot
 from webhook.decision.nodesource import NodeStatus
 from webhook.decision.policy import parse_policy_text
 from webhook.serving.nodefile import SharedNodes
@@ -131,7 +131,7 @@ def test_the_workers_read_the_dra_facts_and_the_template_counts(tmp_path: Path) 
     snapshot.write_bytes(encode_snapshot(NodeStatus(watching=True, synced=True), (), dra))
     shared = SharedNodes(snapshot, templates=counts, interval=0)
     assert shared.prepared(DEFAULT_POLICY).mapped == (("mem", "aliyun.com/gpu-mem"),)
-    assert decode_dra(snapshot.read_bytes()) == dra
+    assert decode_snapshot(snapshot.read_bytes())[2] == dra
     assert shared.templates() == {"created": 0, "failures": 0}  # not written yet
     counts.write_text(json.dumps({"created": 3, "failures": 1}))
     assert shared.templates() == {"created": 3, "failures": 1}

@@ -248,29 +248,9 @@ def encode_snapshot(
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def decode_dra(data: bytes) -> DraFacts:
-    """The DRA facts of a snapshot (read after :func:`decode_snapshot` accepted it)."""
-    try:
-        document = json.loads(data)
-        return DraFacts(
-            devices=tuple(
-                DeviceFacts(
-                    str(driver),
-                    str(node),
-                    str(name),
-                    {str(k): Capacity(int(v), int(m), int(s)) for k, (v, m, s) in caps.items()},
-                    bool(shared),
-                )
-                for driver, node, name, caps, shared in document["devices"]
-            ),
-            classes=tuple((str(n), str(r)) for n, r in document["classes"]),
-        )
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise SnapshotError(f"node snapshot unreadable: {type(error).__name__}: {error}") from None
-
-
-def decode_snapshot(data: bytes) -> tuple[NodeStatus, tuple[NodeFacts, ...]]:
-    """The status and facts of a snapshot; a SnapshotError for one this code did not write."""
+def decode_snapshot(data: bytes) -> tuple[NodeStatus, tuple[NodeFacts, ...], DraFacts]:
+    """The status, facts and DRA facts of a snapshot; a SnapshotError for one this code did
+    not write."""
     try:
         document = json.loads(data)
         if document["version"] != SNAPSHOT_VERSION:
@@ -283,8 +263,21 @@ def decode_snapshot(data: bytes) -> tuple[NodeStatus, tuple[NodeFacts, ...]]:
             NodeFacts(str(name), dict(labels), dict(capacity))
             for name, labels, capacity in document["nodes"]
         )
+        dra = DraFacts(
+            devices=tuple(
+                DeviceFacts(
+                    str(driver),
+                    str(node),
+                    str(name),
+                    {str(k): Capacity(int(v), int(m), int(s)) for k, (v, m, s) in caps.items()},
+                    bool(shared),
+                )
+                for driver, node, name, caps, shared in document["devices"]
+            ),
+            classes=tuple((str(n), str(r)) for n, r in document["classes"]),
+        )
     except SnapshotError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise SnapshotError(f"node snapshot unreadable: {type(error).__name__}: {error}") from None
-    return status, facts
+    return status, facts, dra

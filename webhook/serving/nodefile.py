@@ -7,7 +7,7 @@ looked at every ``interval``, the last good snapshot kept if one cannot be
 read), and prepares the policy once per snapshot and policy
 (``webhook.decision.prepared.Prepared``, which keeps the bounds of each
 placement). Under ``scheduler: dra`` the GPUs are the ResourceSlices'
-devices the snapshot carries beside the Nodes (``decode_dra``). No worker
+devices the snapshot carries beside the Nodes (``decode_snapshot``). No worker
 imports the kubernetes client or talks to the API. The watch's count of
 claim templates made and refused lives in a small JSON file of its own
 (``templates``), read at scrape time.
@@ -28,7 +28,6 @@ from webhook.decision import (
     NodeStatus,
     Policy,
     Prepared,
-    decode_dra,
     decode_snapshot,
     prepare,
 )
@@ -46,8 +45,7 @@ def _load(path: Path) -> Snapshot:
         data = path.read_bytes()
     except OSError as error:
         raise SnapshotError(f"{path}: cannot read the node snapshot: {error.strerror}") from None
-    status, facts = decode_snapshot(data)
-    return status, facts, decode_dra(data)
+    return decode_snapshot(data)
 
 
 class SharedNodes:
