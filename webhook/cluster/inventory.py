@@ -97,29 +97,31 @@ def read_dra(
     what could not be read; whether the claims were listed."""
     where = f"in namespace {namespace}" if namespace else "in all namespaces"
     notes: list[str] = []
-    objects = _unless_unserved(
+    classes = _unless_unserved(
         lambda: _read(api, CLASSES, "", "deviceclasses"),
         notes,
         "DeviceClasses could not be read ({why}): no check for one mapping the policy's resources",
     )
     if not claims:
-        return objects, notes, False
+        return classes or [], notes, False
     listed = _unless_unserved(
         lambda: _read(api, CLAIMS, namespace, f"resourceclaims {where}"),
         notes,
         "ResourceClaims could not be read ({why}): what DRA holds for each pod is not shown",
     )
-    read = not any(n.startswith("ResourceClaims") for n in notes)
-    objects += listed + _unless_unserved(
+    slices = _unless_unserved(
         lambda: _read(api, SLICES, "", "resourceslices"),
         notes,
         "ResourceSlices could not be read ({why}): no device sizes or nodes from them",
     )
-    return objects, notes, read
+    found = [*(classes or []), *(listed or []), *(slices or [])]
+    return found, notes, listed is not None
 
 
-def _unless_unserved(read: Callable[[], list[Any]], notes: list[str], note: str) -> list[Any]:
-    """What ``read`` lists; nothing, and ``note`` in ``notes``, when the API server does not
+def _unless_unserved(
+    read: Callable[[], list[Any]], notes: list[str], note: str
+) -> list[Any] | None:
+    """What ``read`` lists; None, and ``note`` in ``notes``, when the API server does not
     serve that list (an older one) or forbids it."""
     try:
         return read()
@@ -131,7 +133,7 @@ def _unless_unserved(read: Callable[[], list[Any]], notes: list[str], note: str)
             notes.append(note.format(why=f"the API server serves no {DRA}"))
         else:
             raise
-        return []
+        return None
 
 
 def _unless_forbidden(read: Callable[[], list[Any]], notes: list[str], note: str) -> list[Any]:
