@@ -8,6 +8,8 @@ import contextlib
 import json
 import os
 import ssl
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -336,3 +338,13 @@ def register_webhook(
     plane.kubectl(
         "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=json.dumps(config)
     )
+
+
+def cli_json(*args: str, plugin: bool = False) -> tuple[int, dict[str, Any]]:
+    """Run the CLI (as ``kubectl gpushare`` with ``plugin``): its exit code, its JSON output."""
+    command = ["kubectl", "gpushare"] if plugin else [sys.executable, "-m", "webhook"]
+    done = subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, json.loads(done.stdout)

@@ -14,8 +14,6 @@ three must agree.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import yaml
 from kubernetes import client
 
 from tests.apiserver.helpers import (
+    cli_json,
     create_namespace,
     create_pod,
     delete_namespaces,
@@ -132,16 +131,7 @@ def set_policy(installed: Installed, text: str) -> None:
 
 
 def report(*args: str, plugin: bool = False) -> tuple[int, dict[str, Any]]:
-    command = ["kubectl", "gpushare"] if plugin else [sys.executable, "-m", "webhook"]
-    done = subprocess.run(
-        [*command, "report", "--output=json", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode in (0, 1), done.stderr
-    return done.returncode, json.loads(done.stdout)
+    return cli_json("report", "--output=json", *args, plugin=plugin)
 
 
 def ours(found: dict[str, Any]) -> dict[str, Any]:

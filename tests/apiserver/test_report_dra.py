@@ -16,8 +16,6 @@ same answer.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import pytest
 import yaml
 
 from tests.apiserver.helpers import (
+    cli_json,
     create_namespace,
     delete_namespaces,
     wait_for_service_account,
@@ -104,15 +103,7 @@ def scene(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def _run(command: str, *args: str) -> tuple[int, dict[str, Any]]:
-    done = subprocess.run(
-        [sys.executable, "-m", "webhook", command, "--output=json", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode in (0, 1), done.stderr
-    return done.returncode, json.loads(done.stdout)
+    return cli_json(command, "--output=json", *args)
 
 
 def _ours(found: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from kubernetes import client
 
 from tests.apiserver.helpers import (
     RESTRICTED,
+    cli_json,
     create_namespace,
     create_pod,
     delete_namespaces,
@@ -79,16 +80,7 @@ def _agent_pod(installed: Installed, address: str) -> None:
 
 
 def _top(*args: str, plugin: bool = False) -> tuple[int, dict[str, Any]]:
-    command = ["kubectl", "gpushare"] if plugin else [sys.executable, "-m", "webhook"]
-    done = subprocess.run(
-        [*command, "top", "-o", "json", "-n", ML, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode in (0, 1), done.stderr
-    return done.returncode, json.loads(done.stdout)
+    return cli_json("top", "-o", "json", "-n", ML, *args, plugin=plugin)
 
 
 @pytest.fixture
