@@ -322,7 +322,6 @@ def test_the_guard_reads_each_policys_set_up(
     opt-out left off the guard's own selector, so the pods reach it as written.
     """
     labels, resources, named = VARIANTS[policy]
-    (tmp_path / "policy.yaml").write_text(policy)
     body = pod_manifest(
         "variant", {"name": "main", "image": "cuda", "resources": {"limits": resources}}
     )
@@ -330,21 +329,12 @@ def test_the_guard_reads_each_policys_set_up(
     body["spec"]["initContainers"] = [
         {"name": "warm", "image": "cuda", "resources": {"limits": dict(resources)}}
     ]
-    (tmp_path / "pod.json").write_text(json.dumps(body))
-    mutated = webhook_cli(
-        "mutate",
-        str(tmp_path / "pod.json"),
-        "--policy",
-        str(tmp_path / "policy.yaml"),
-        "-o",
-        "json",
-    )
-    assert mutated.returncode == 0, mutated.stderr
+    mutated = _set_up_offline(tmp_path, policy, body)
     with judging(guarded, tmp_path / "policy.yaml", f"{GUARD}-variant-{len(policy)}"):
         message = _dry_run(guarded.api, OPTED_OUT, body) or ""
         assert named in message, message
         assert "container 'warm' lacks" in message  # init containers are held too
-        assert _dry_run(guarded.api, OPTED_OUT, json.loads(mutated.stdout)) is None
+        assert _dry_run(guarded.api, OPTED_OUT, mutated) is None
 
 
 def test_the_report_names_a_controller_whose_pods_the_guard_refused(
@@ -464,10 +454,15 @@ DRA_REFUSED: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
 
 def _dra_set_up(tmp_path: Path, policy: str, resources: dict[str, str]) -> dict[str, Any]:
     """A pod asking ``resources``, as the webhook sets it up under ``policy`` (offline)."""
-    (tmp_path / "policy.yaml").write_text(policy)
     body = pod_manifest(
         "dra", {"name": "main", "image": "cuda", "resources": {"limits": resources}}
     )
+    return _set_up_offline(tmp_path, policy, body)
+
+
+def _set_up_offline(tmp_path: Path, policy: str, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as ``mutate`` sets it up under ``policy``, written to tmp_path/policy.yaml."""
+    (tmp_path / "policy.yaml").write_text(policy)
     (tmp_path / "pod.json").write_text(json.dumps(body))
     mutated = webhook_cli(
         "mutate",

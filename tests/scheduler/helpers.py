@@ -28,6 +28,7 @@ __all__ = [
     "extender_annotations",
     "gpu_limits",
     "gpu_pod",
+    "pods_of",
     "refusal_reasons",
     "reserved_mib",
     "run_report",
@@ -38,6 +39,7 @@ __all__ = [
     "wait_running",
     "wait_unschedulable",
     "wait_webhook_sees",
+    "workload_template",
 ]
 
 
@@ -326,3 +328,18 @@ class Pipeline:
     def report(self, *args: str) -> tuple[int, dict[str, Any]]:
         """``gpushare-webhook report`` of the cluster, run as the command, as the admin."""
         return run_report("--kubeconfig", str(self.plane.kubeconfig), *args)
+
+
+def workload_template(app: str, gpu: str, **spec: Any) -> dict[str, Any]:
+    """A Deployment's or Job's pod template: one container asking ``gpu``, labelled ``app``."""
+    return {
+        "metadata": {"labels": {"app": app}},
+        "spec": {"containers": [container("main", gpu)], **spec},
+    }
+
+
+def pods_of(pipeline: Pipeline, app: str) -> list[dict[str, Any]]:
+    """The stored pods labelled ``app`` in the pipeline's namespace."""
+    core = client.CoreV1Api(pipeline.api)
+    found = core.list_namespaced_pod(pipeline.namespace, label_selector=f"app={app}")
+    return [pipeline.stored(each.metadata.name) for each in found.items]

@@ -31,9 +31,11 @@ from tests.scheduler.helpers import (
     create_pod,
     extender_annotations,
     gpu_pod,
+    pods_of,
     wait_running,
     wait_unschedulable,
     wait_webhook_sees,
+    workload_template,
 )
 from webhook.decision import claims
 
@@ -374,19 +376,6 @@ def test_with_gpu_mem_mapped_kube_scheduler_alone_gives_a_pod_whole_gpus(
     taken = dra.results(special)
     assert len(taken) == 2
     assert {r["consumedCapacity"]["memory"] for r in taken} == {f"{POOL_GIB}Gi"}
-
-
-def workload_template(app: str, gpu: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"labels": {"app": app}},
-        "spec": {"containers": [container("main", gpu)], **spec},
-    }
-
-
-def pods_of(pipeline: Pipeline, app: str) -> list[dict[str, Any]]:
-    core = client.CoreV1Api(pipeline.api)
-    found = core.list_namespaced_pod(pipeline.namespace, label_selector=f"app={app}")
-    return [pipeline.stored(each.metadata.name) for each in found.items]
 
 
 def owned_by(pipeline: Pipeline, uids: set[str]) -> list[str]:

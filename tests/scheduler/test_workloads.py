@@ -9,23 +9,10 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.helpers import container, eventually
-from tests.scheduler.helpers import Pipeline, check_agreement
+from tests.helpers import eventually
+from tests.scheduler.helpers import Pipeline, check_agreement, pods_of, workload_template
 
 DEFAULT = "{}\n"
-
-
-def template(app: str, gpu: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"labels": {"app": app}},
-        "spec": {"containers": [container("main", gpu)], **spec},
-    }
-
-
-def pods_of(pipeline: Pipeline, app: str) -> list[dict[str, Any]]:
-    core = client.CoreV1Api(pipeline.api)
-    found = core.list_namespaced_pod(pipeline.namespace, label_selector=f"app={app}")
-    return [pipeline.stored(pod.metadata.name) for pod in found.items]
 
 
 def test_a_deployments_and_a_jobs_pods_are_set_up_placed_and_run(pipeline: Pipeline) -> None:
@@ -38,13 +25,16 @@ def test_a_deployments_and_a_jobs_pods_are_set_up_placed_and_run(pipeline: Pipel
         "kind": "Deployment",
         "metadata": {"name": "serving"},
         "spec": {"replicas": 2, "selector": {"matchLabels": labels},
-                 "template": template("serving", "3")},
+                 "template": workload_template("serving", "3")},
     }  # fmt: skip
     job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": "train"},
-        "spec": {"backoffLimit": 0, "template": template("train", "5", restartPolicy="Never")},
+        "spec": {
+            "backoffLimit": 0,
+            "template": workload_template("train", "5", restartPolicy="Never"),
+        },
     }
     apps.create_namespaced_deployment(pipeline.namespace, deployment)
     batch.create_namespaced_job(pipeline.namespace, job)
